@@ -1,0 +1,248 @@
+"""I/O-free TensorDict logic shared by every env, pool, transform and collector.
+
+Nothing here awaits or touches a backend: these are plain functions over TensorDicts and
+key lists, so sync and async paths (and every backend) call the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+NestedKey = str | tuple[str, ...]
+
+__all__ = [
+    "NestedKey",
+    "complete_done",
+    "done_groups",
+    "mask_merge",
+    "pad_mask",
+    "prefix_of",
+    "reduce_mask",
+    "reset_keys_from_done_keys",
+    "step_mdp",
+    "terminated_or_truncated",
+    "unravel",
+]
+
+
+def unravel(key: NestedKey) -> tuple[str, ...]:
+    """Return a nested key as a tuple of strings."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _ravel(key: tuple[str, ...]) -> NestedKey:
+    return key[0] if len(key) == 1 else key
+
+
+def prefix_of(key: NestedKey) -> tuple[str, ...]:
+    """Return the parent path of a nested key (``()`` for a root key)."""
+    return unravel(key)[:-1]
+
+
+def done_groups(done_keys: Iterable[NestedKey]) -> dict[tuple[str, ...], list[str]]:
+    """Group done-like leaf keys by their parent path: ``{prefix: [leaf names]}``."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for key in done_keys:
+        key_t = unravel(key)
+        groups.setdefault(key_t[:-1], []).append(key_t[-1])
+    return groups
+
+
+def reset_keys_from_done_keys(done_keys: Iterable[NestedKey]) -> list[NestedKey]:
+    """One ``"_reset"`` key per level that holds done entries, root first."""
+    prefixes = sorted(done_groups(done_keys), key=len)
+    return [_ravel((*p, "_reset")) for p in prefixes]
+
+
+def complete_done(
+    td: TensorDictBase,
+    groups: dict[tuple[str, ...], list[str]],
+    zeros: dict[tuple[str, ...], torch.Tensor] | None = None,
+) -> TensorDictBase:
+    """Complete done/terminated/truncated in place, level by level.
+
+    Every level gets ``terminated`` (a copy of ``done`` where the env gave none) and ``done``
+    (the union of ``terminated`` and ``truncated``). ``zeros`` gives, per level, a False
+    tensor to use where a level has no entry at all.
+    """
+    for prefix, names in groups.items():
+        sub = td.get(prefix) if prefix else td
+        if sub is None:
+            continue
+        done = sub.get("done", None) if "done" in names else None
+        term = sub.get("terminated", None) if "terminated" in names else None
+        trunc = sub.get("truncated", None) if "truncated" in names else None
+        if term is None and done is None:
+            if zeros is None or prefix not in zeros:
+                continue
+            term = zeros[prefix]
+            if trunc is None:
+                done = term
+        if term is None:
+            term = done
+        if done is None:
+            done = term if trunc is None else term | trunc
+        else:
+            done = done | term if trunc is None else done | term | trunc
+        if "terminated" in names:
+            sub.set("terminated", term)
+        if "done" in names:
+            sub.set("done", done)
+        if "truncated" in names and trunc is None:
+            sub.set("truncated", torch.zeros_like(done))
+    return td
+
+
+def reduce_mask(mask: torch.Tensor, done_shape: torch.Size | Sequence[int]) -> torch.Tensor:
+    """Drop the trailing singleton dim a ``"_reset"`` / done mask carries (shape ``(*b, 1)``)."""
+    if mask.ndim and len(done_shape) and done_shape[-1] == 1 and mask.shape[-1] == 1:
+        return mask.squeeze(-1)
+    return mask
+
+
+def pad_mask(mask: torch.Tensor, ndim: int) -> torch.Tensor:
+    """View ``mask`` with trailing singleton dims up to ``ndim`` dims (for broadcasting)."""
+    return mask.reshape(tuple(mask.shape) + (1,) * (ndim - mask.ndim))
+
+
+def _expand_mask(mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    """View ``mask`` so it broadcasts over ``target``; None when it cannot."""
+    if target.shape[: mask.ndim] != mask.shape:
+        return None
+    return pad_mask(mask, target.ndim)
+
+
+def mask_merge(
+    new: TensorDictBase,
+    old: TensorDictBase | None,
+    mask: torch.Tensor,
+    *,
+    skip: Sequence[NestedKey] = (),
+) -> TensorDictBase:
+    """Where ``mask`` is False, put ``old``'s values into ``new`` (zeros when ``old`` lacks one).
+
+    ``mask`` has the leading shape of the entries it governs (batch dims, plus agent dims
+    for a nested level). Entries whose leading shape does not match are left as they are.
+    Non-tensor entries are merged element-wise when they are stacks, else kept.
+    """
+    skip_set = {unravel(k) for k in skip}
+    for key in list(new.keys(include_nested=True, leaves_only=True)):
+        key_t = unravel(key)
+        if key_t in skip_set or key_t[-1] in ("_reset", "_step"):
+            continue
+        value = new.get(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        m = _expand_mask(mask, value)
+        if m is None:
+            continue
+        prev = old.get(key, None) if old is not None else None
+        if not isinstance(prev, torch.Tensor) or prev.shape != value.shape:
+            prev = torch.zeros_like(value)
+        elif prev.dtype != value.dtype:
+            prev = prev.to(value.dtype)
+        new.set(key, torch.where(m, value, prev))
+    return new
+
+
+def step_mdp(
+    tensordict: TensorDictBase,
+    next_tensordict: TensorDictBase | None = None,
+    *,
+    keep_other: bool = True,
+    exclude_reward: bool = True,
+    exclude_done: bool = False,
+    exclude_action: bool = True,
+    reward_keys: Sequence[NestedKey] = ("reward",),
+    done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
+    action_keys: Sequence[NestedKey] = ("action",),
+) -> TensorDictBase:
+    """Build the input of the next step from a stepped tensordict.
+
+    The ``"next"`` entries move to the root; root entries that ``"next"`` does not hold are
+    kept when ``keep_other`` (policy states, for instance), except actions, rewards, done
+    flags and private ``"_reset"``/``"_step"`` keys, each governed by its ``exclude_*`` flag.
+
+    Example:
+        >>> td = TensorDict({"obs": torch.zeros(1), "action": torch.ones(1),
+        ...                  "next": {"obs": torch.ones(1), "reward": torch.ones(1)}}, [])
+        >>> step_mdp(td)["obs"]
+        tensor([1.])
+    """
+    nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
+    excluded: set[tuple[str, ...]] = {("next",)}
+    next_excluded: list[NestedKey] = []
+    if exclude_reward:
+        next_excluded.extend(reward_keys)
+    if exclude_done:
+        next_excluded.extend(done_keys)
+    out = nxt.exclude(*next_excluded) if next_excluded else nxt.copy()
+    if keep_other:
+        excluded.update(unravel(k) for k in reward_keys)
+        excluded.update(unravel(k) for k in done_keys)
+        if exclude_action:
+            excluded.update(unravel(k) for k in action_keys)
+        for key in tensordict.keys(include_nested=True, leaves_only=True):
+            key_t = unravel(key)
+            if key_t[0] == "next" or key_t in excluded or key_t[-1] in ("_reset", "_step"):
+                continue
+            if out.get(key, None) is not None:
+                continue
+            out.set(key, tensordict.get(key))
+    elif not exclude_action:
+        for key in action_keys:
+            value = tensordict.get(key, None)
+            if value is not None:
+                out.set(key, value)
+    return out
+
+
+def terminated_or_truncated(
+    data: TensorDictBase,
+    full_done_spec: Any = None,
+    key: str | None = "_reset",
+    write_full_false: bool = False,
+) -> bool:
+    """Say whether any sub-env is done, writing per-level masks under ``key``.
+
+    For each level holding ``"terminated"`` / ``"truncated"`` / ``"done"`` entries, writes
+    ``key`` (``"_reset"`` by default) at that level as the union of those flags, and returns
+    True when any is set. With ``key=None`` nothing is written. Levels all-False get an entry
+    only with ``write_full_false``.
+
+    Example:
+        >>> td = TensorDict({"done": torch.tensor([[True], [False]])}, [2])
+        >>> terminated_or_truncated(td)
+        True
+        >>> td["_reset"].squeeze(-1)
+        tensor([ True, False])
+    """
+    if full_done_spec is not None:
+        done_keys: Iterable[NestedKey] = full_done_spec.keys(include_nested=True, leaves_only=True)
+    else:
+        done_keys = [
+            k
+            for k in data.keys(include_nested=True, leaves_only=True)
+            if unravel(k)[-1] in ("done", "terminated", "truncated") and unravel(k)[0] != "next"
+        ]
+    any_done = False
+    for prefix, names in done_groups(done_keys).items():
+        sub = data.get(prefix, None) if prefix else data
+        if sub is None:
+            continue
+        flags = [sub.get(n) for n in names if n in ("done", "terminated", "truncated")]
+        flags = [f for f in flags if f is not None]
+        if not flags:
+            continue
+        union = flags[0]
+        for f in flags[1:]:
+            union = union | f
+        level_done = bool(union.any())
+        any_done = any_done or level_done
+        if key is not None and (level_done or write_full_false):
+            sub.set(key, union.clone() if len(flags) == 1 else union)
+    return any_done

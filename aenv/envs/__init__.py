@@ -1,0 +1,25 @@
+"""Async envs: the base class, helpers and built-in envs."""
+
+from aenv.envs._common import EnvBase
+from aenv.envs._pendulum import PendulumEnv
+from aenv.envs._utils import (
+    EnvMetaData,
+    ExplorationType,
+    RandomPolicy,
+    check_env_specs,
+    exploration_type,
+    get_available_libraries,
+    set_exploration_type,
+)
+
+__all__ = [
+    "EnvBase",
+    "EnvMetaData",
+    "ExplorationType",
+    "PendulumEnv",
+    "RandomPolicy",
+    "check_env_specs",
+    "exploration_type",
+    "get_available_libraries",
+    "set_exploration_type",
+]

@@ -1,0 +1,557 @@
+"""EnvBase: the async environment base class."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import anyio.to_thread
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv._mdp import complete_done, mask_merge, pad_mask, reduce_mask, step_mdp, unravel
+from aenv.envs._specs import EnvSpecsMixin, default_reward_spec
+from aenv.specs import Composite
+from aenv.exceptions import (
+    BatchSizeError,
+    DoneAfterResetError,
+    EnvClosedError,
+    SpecViolationError,
+)
+
+__all__ = ["EnvBase"]
+
+
+class _EnvMeta(type):
+    """Runs ``_post_init`` once the most-derived ``__init__`` has finished."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        obj = super().__call__(*args, **kwargs)
+        obj._post_init()
+        return obj
+
+
+class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
+    """Base class of every aenv environment; all I/O methods are coroutines.
+
+    Subclasses set their specs in ``__init__`` (shapes include ``batch_size``) and implement
+    ``_reset(td)``, ``_step(td)`` and ``_set_seed(seed)``, each either ``async def`` or plain
+    ``def``. A plain ``def`` runs inline; an env whose sync methods block (I/O, sleeps, C
+    calls holding the GIL) sets ``blocking = True`` and they then run in a worker thread,
+    so the event loop never stalls.
+
+    Args:
+        device: device of the env's tensors (None: wherever they are made).
+        batch_size: the env's own batch dims; spec shapes start with them.
+        run_type_checks: check every step's output (and actions' values) against the specs.
+        allow_done_after_reset: accept a done flag set right after a reset.
+        spec_locked: lock the specs after ``__init__`` (assigning a spec still works).
+
+    Example:
+        >>> class Counter(EnvBase):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.observation_spec = Composite(count=Unbounded((1,)))
+        ...         self.action_spec = Unbounded((1,))
+        ...     async def _reset(self, td):
+        ...         self.n = 0
+        ...         return TensorDict(count=torch.zeros(1))
+        ...     async def _step(self, td):
+        ...         self.n += 1
+        ...         return TensorDict(count=torch.full((1,), float(self.n)),
+        ...                           reward=torch.ones(1), done=torch.tensor([self.n >= 5]))
+        ...     def _set_seed(self, seed):
+        ...         pass
+        >>> rollout = await Counter().rollout(10)
+        >>> rollout.batch_size
+        torch.Size([5])
+    """
+
+    blocking: ClassVar[bool] = False
+    _handles_partial_steps: ClassVar[bool] = False
+    _step_is_async: ClassVar[bool] = False
+    _reset_is_async: ClassVar[bool] = False
+    _seed_is_async: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._step_is_async = inspect.iscoroutinefunction(cls._step)
+        cls._reset_is_async = inspect.iscoroutinefunction(cls._reset)
+        cls._seed_is_async = inspect.iscoroutinefunction(cls._set_seed)
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str | int | None = None,
+        batch_size: torch.Size | tuple[int, ...] | list[int] | None = None,
+        run_type_checks: bool = False,
+        allow_done_after_reset: bool = False,
+        spec_locked: bool = True,
+    ) -> None:
+        self._device = torch.device(device) if device is not None else None
+        self.batch_size = torch.Size(batch_size if batch_size is not None else ())
+        self.run_type_checks = run_type_checks
+        self.allow_done_after_reset = allow_done_after_reset
+        self._spec_locked = False
+        self._want_spec_lock = spec_locked
+        self._closed = False
+        if not hasattr(self, "_batch_locked"):
+            self._batch_locked = True
+        self._init_specs()
+
+    def _post_init(self) -> None:
+        if self.full_reward_spec.is_empty() and not self.full_reward_spec.keys():
+            self.output_spec["full_reward_spec"]["reward"] = default_reward_spec(
+                self.batch_size, self._device
+            )
+        self._spec_locked = self._want_spec_lock
+        self._specs_changed()
+
+    # ------------------------------------------------------------------ basic attributes
+    @property
+    def device(self) -> torch.device | None:
+        return self._device
+
+    @property
+    def batch_locked(self) -> bool:
+        """Whether inputs must have exactly the env's batch size (False: any leading dims)."""
+        return self._batch_locked
+
+    @batch_locked.setter
+    def batch_locked(self, value: bool) -> None:
+        self._batch_locked = bool(value)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(batch_size={tuple(self.batch_size)}, device={self.device}, "
+            f"batch_locked={self.batch_locked})"
+        )
+
+    # ------------------------------------------------------------------ to implement
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _reset")
+
+    def _step(self, tensordict: TensorDictBase) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step")
+
+    def _set_seed(self, seed: int | None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _set_seed")
+
+    async def _aclose(self) -> None:
+        """Release the env's resources; subclasses override (called once by ``aclose``)."""
+
+    async def _run(self, is_async: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if is_async:
+            return await fn(*args, **kwargs)
+        if self.blocking:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        return fn(*args, **kwargs)
+
+    # ------------------------------------------------------------------ checks
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EnvClosedError(f"{type(self).__name__} is closed")
+
+    def _check_batch(self, td: TensorDictBase) -> None:
+        bs = self.batch_size
+        if self._batch_locked:
+            if td.batch_size != bs:
+                raise BatchSizeError(
+                    f"{type(self).__name__} is batch-locked: expected an input of batch size "
+                    f"{tuple(bs)}, got {tuple(td.batch_size)}"
+                )
+        elif bs and td.batch_size[len(td.batch_size) - len(bs) :] != bs:
+            raise BatchSizeError(
+                f"{type(self).__name__}: input batch size {tuple(td.batch_size)} must end with "
+                f"the env's batch size {tuple(bs)}"
+            )
+
+    def _check_actions(self, td: TensorDictBase) -> None:
+        extra = td.batch_size[: td.batch_dims - len(self.batch_size)]
+        for key, spec, tensorlike in self._action_checks:
+            value = td.get(key, None)
+            if value is None:
+                raise SpecViolationError(
+                    f"action key {key!r} is missing from the input; expected {spec!r}", key=key
+                )
+            if not tensorlike:
+                continue
+            expected = (*extra, *spec.shape)
+            shape = value.shape
+            if len(shape) != len(expected) or any(
+                e != -1 and e != s for e, s in zip(expected, shape)
+            ):
+                raise SpecViolationError(
+                    f"action {key!r} has shape {tuple(shape)}, expected {tuple(expected)} "
+                    f"(spec {spec!r})",
+                    key=key,
+                )
+            if value.dtype != spec.dtype:
+                raise SpecViolationError(
+                    f"action {key!r} has dtype {value.dtype}, expected {spec.dtype} (spec {spec!r})",
+                    key=key,
+                )
+            if self.run_type_checks:
+                check = spec.expand(*expected) if extra else spec
+                if not check.is_in(value):
+                    raise SpecViolationError(
+                        f"action {key!r} is outside its spec {spec!r}: got min "
+                        f"{value.min().item() if value.numel() else None}, max "
+                        f"{value.max().item() if value.numel() else None}",
+                        key=key,
+                    )
+
+    def _extra_dims(self, td: TensorDictBase) -> torch.Size:
+        return td.batch_size[: td.batch_dims - len(self.batch_size)]
+
+    # ------------------------------------------------------------------ step
+    async def step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Step the env with the action(s) in ``tensordict``; writes results under ``"next"``.
+
+        A boolean ``"_step"`` entry restricts the step to some batch elements; the others
+        get their previous values (from ``tensordict``) or zeros under ``"next"``.
+        """
+        self._check_open()
+        self._check_batch(tensordict)
+        partial = tensordict.get("_step", None) if not self._handles_partial_steps else None
+        if partial is not None:
+            mask = reduce_mask(partial, (*tensordict.batch_size, 1)).to(torch.bool)
+            if bool(mask.all()):
+                tensordict = tensordict.exclude("_step")
+            else:
+                next_td = await self._partial_step(tensordict, mask)
+                tensordict.set("next", next_td)
+                return tensordict
+        self._check_actions(tensordict)
+        next_td = await self._run(self._step_is_async, self._step, tensordict)
+        next_td = self._step_proc_data(next_td, tensordict)
+        tensordict.set("next", next_td)
+        return tensordict
+
+    async def _partial_step(self, tensordict: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
+        base = tensordict.exclude("_step", "next")
+        if not bool(mask.any()):
+            return self._previous_as_next(base)
+        if not self._batch_locked:
+            sub = base[mask]
+            self._check_actions(sub)
+            sub_next = await self._run(self._step_is_async, self._step, sub)
+            sub_next = self._step_proc_data(sub_next, sub)
+            full = self._previous_as_next(base)
+            for key in sub_next.keys(include_nested=True, leaves_only=True):
+                if full.get(key, None) is None:
+                    value = sub_next.get(key)
+                    full.set(key, value.new_zeros((*mask.shape, *value.shape[1:])))
+            full[mask] = sub_next
+            return full
+        # batch-locked: the env sees "_step" and may honour it; outputs are masked anyway
+        base.set("_step", tensordict.get("_step"))
+        self._check_actions(base)
+        next_td = await self._run(self._step_is_async, self._step, base)
+        next_td = self._step_proc_data(next_td, base)
+        return mask_merge(next_td, base, mask)
+
+    def _previous_as_next(self, td: TensorDictBase) -> TensorDictBase:
+        """The ``"next"`` of an element that did not step: its current values, zero reward."""
+        extra = self._extra_dims(td)
+        out = self.output_spec.zero(extra) if extra else self._zero_output()
+        flat = TensorDict({}, batch_size=td.batch_size, device=td.device)
+        for sub in ("full_observation_spec", "full_done_spec", "full_reward_spec"):
+            flat.update(out.get(sub))
+        for key in flat.keys(include_nested=True, leaves_only=True):
+            if unravel(key) in {unravel(k) for k in self.reward_keys}:
+                continue
+            prev = td.get(key, None)
+            if prev is not None:
+                flat.set(key, prev)
+        return flat
+
+    def _zero_output(self) -> TensorDictBase:
+        return self.output_spec.zero()
+
+    def _step_proc_data(self, next_td: Any, input_td: TensorDictBase) -> TensorDictBase:
+        if not isinstance(next_td, TensorDictBase):
+            raise TypeError(
+                f"{type(self).__name__}._step must return a TensorDict, got {type(next_td).__name__}"
+            )
+        extra = self._extra_dims(input_td)
+        for key, zero in self._reward_zero.items():
+            if next_td.get(key, None) is None:
+                next_td.set(key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone())
+        zeros = self._done_zeros
+        if extra:
+            zeros = {p: z.expand(*extra, *z.shape) for p, z in zeros.items()}
+        complete_done(next_td, self._done_groups, zeros)
+        if self.run_type_checks:
+            self._check_outputs(next_td, extra)
+        return next_td
+
+    def _check_outputs(self, td: TensorDictBase, extra: torch.Size) -> None:
+        for name in ("full_observation_spec", "full_reward_spec", "full_done_spec"):
+            spec = self.output_spec[name]
+            if extra:
+                spec = spec.expand(*extra, *spec.shape)
+            spec.assert_is_in(td)
+
+    # ------------------------------------------------------------------ reset
+    async def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        """Reset the env (or the parts flagged by ``"_reset"`` entries) and return the first
+        tensordict of a rollout: observations, state and done flags.
+
+        With partial ``"_reset"`` masks, only flagged elements are reset: the others keep the
+        values of the input ``tensordict`` (updated in place), and ``"_reset"`` entries are
+        removed. A ``"_reset"`` at the root overrides nested ones.
+        """
+        self._check_open()
+        masks: dict[tuple[str, ...], torch.Tensor] | None = None
+        if tensordict is not None:
+            self._check_batch(tensordict)
+            masks = self._reset_masks(tensordict)
+            if masks is not None and not any(bool(m.any()) for m in masks.values()):
+                self._drop_reset_keys(tensordict)
+                return tensordict
+        out = await self._run(self._reset_is_async, self._reset, tensordict, **kwargs)
+        return self._reset_proc_data(tensordict, out, masks)
+
+    def _reset_masks(self, td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor] | None:
+        reset_keys = self.reset_keys
+        found = {}
+        for key in reset_keys:
+            value = td.get(key, None)
+            if value is not None:
+                found[unravel(key)[:-1]] = value
+        if not found:
+            return None
+        if () in found:
+            root = found[()]
+            # the root entry supersedes nested ones: make the env see the same masks
+            for key in reset_keys:
+                prefix = unravel(key)[:-1]
+                if prefix and prefix in found:
+                    nested = found[prefix]
+                    r = reduce_mask(root, self._done_shape(()))
+                    td.set(key, pad_mask(r, nested.ndim).expand_as(nested).clone())
+            return {(): reduce_mask(root, self._done_shape(())).to(torch.bool)}
+        return {p: reduce_mask(m, self._done_shape(p)).to(torch.bool) for p, m in found.items()}
+
+    def _done_shape(self, prefix: tuple[str, ...]) -> torch.Size:
+        names = self._done_groups.get(prefix)
+        if not names:
+            return torch.Size([1])
+        return self.full_done_spec[(*prefix, names[0])].shape
+
+    def _drop_reset_keys(self, td: TensorDictBase) -> None:
+        for key in self.reset_keys:
+            if td.get(key, None) is not None:
+                del td[key]
+
+    def _reset_proc_data(
+        self,
+        tensordict: TensorDictBase | None,
+        out: Any,
+        masks: dict[tuple[str, ...], torch.Tensor] | None,
+    ) -> TensorDictBase:
+        if not isinstance(out, TensorDictBase):
+            raise TypeError(
+                f"{type(self).__name__}._reset must return a TensorDict, got {type(out).__name__}"
+            )
+        extra = out.batch_size[: out.batch_dims - len(self.batch_size)]
+        zeros = self._done_zeros
+        if extra:
+            zeros = {p: z.expand(*extra, *z.shape) for p, z in zeros.items()}
+        complete_done(out, self._done_groups, zeros)
+        self._drop_reset_keys(out)
+        if masks is not None and tensordict is not None:
+            for prefix, mask in masks.items():
+                if prefix:
+                    sub_new = out.get(prefix, None)
+                    if sub_new is not None:
+                        mask_merge(sub_new, tensordict.get(prefix, None), mask)
+                else:
+                    mask_merge(out, tensordict, mask)
+        if not self.allow_done_after_reset:
+            self._check_done_after_reset(out, masks)
+        if self.run_type_checks:
+            for name in ("full_observation_spec", "full_done_spec"):
+                spec = self.output_spec[name]
+                (spec.expand(*extra, *spec.shape) if extra else spec).assert_is_in(out)
+        if tensordict is None:
+            return out
+        self._drop_reset_keys(tensordict)
+        tensordict.update(out)
+        return tensordict
+
+    def _check_done_after_reset(
+        self, out: TensorDictBase, masks: dict[tuple[str, ...], torch.Tensor] | None
+    ) -> None:
+        for prefix in self._done_groups:
+            sub = out.get(prefix, None) if prefix else out
+            if sub is None:
+                continue
+            done = sub.get("done", None)
+            if done is None:
+                continue
+            flag = reduce_mask(done, done.shape)
+            mask = None
+            if masks is not None:
+                mask = masks.get(prefix, masks.get(()))
+            if mask is not None and mask.shape == flag.shape[: mask.ndim]:
+                flag = flag & pad_mask(mask, flag.ndim)
+            if bool(flag.any()):
+                raise DoneAfterResetError(
+                    f"{type(self).__name__} returned done=True right after a reset "
+                    f"(level {prefix or 'root'}); pass allow_done_after_reset=True if that is "
+                    "expected"
+                )
+
+    # ------------------------------------------------------------------ composites
+    async def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Step, then reset the elements that are done.
+
+        Returns ``(stepped, next_input)``: the stepped tensordict (with ``"next"``) and the
+        input of the next step (``step_mdp`` of it, with done elements reset).
+        """
+        tensordict = await self.step(tensordict)
+        next_input = self._step_mdp(tensordict)
+        if self._any_done_write_reset(next_input):
+            next_input = await self.reset(next_input)
+        return tensordict, next_input
+
+    def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
+        return step_mdp(
+            td,
+            reward_keys=self.reward_keys,
+            done_keys=self.done_keys,
+            action_keys=self.action_keys,
+        )
+
+    def _any_done_write_reset(self, td: TensorDictBase) -> bool:
+        """Write ``"_reset"`` = done at each done level of ``td``; True if any is set."""
+        any_done = False
+        for prefix in self._done_groups:
+            sub = td.get(prefix, None) if prefix else td
+            if sub is None:
+                continue
+            done = sub.get("done", None)
+            if done is None:
+                continue
+            if bool(done.any()):
+                any_done = True
+                sub.set("_reset", done.clone())
+        return any_done
+
+    # ------------------------------------------------------------------ helpers
+    def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Write a random action (drawn from the action spec) into ``tensordict``."""
+        if tensordict is None:
+            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
+        extra = self._extra_dims(tensordict)
+        tensordict.update(self.full_action_spec.rand(extra))
+        return tensordict
+
+    async def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Step with a random action."""
+        return await self.step(self.rand_action(tensordict))
+
+    async def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
+        """Seed the env; returns the next seed to use (``seed + 1``, or ``seed`` if static)."""
+        await self._run(self._seed_is_async, self._set_seed, seed)
+        if seed is None or static_seed:
+            return seed
+        return seed + 1
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """A zero-filled tensordict with every key a step produces, ``"next"`` included."""
+        def part(container: Composite, name: str) -> TensorDictBase:
+            return container[name].zero()
+
+        out, inp = self.output_spec, self.input_spec
+        root = TensorDict({}, batch_size=self.batch_size, device=self.device)
+        for container, name in (
+            (out, "full_observation_spec"),
+            (out, "full_done_spec"),
+            (inp, "full_state_spec"),
+            (inp, "full_action_spec"),
+        ):
+            root.update(part(container, name))
+        nxt = TensorDict({}, batch_size=self.batch_size, device=self.device)
+        for container, name in (
+            (out, "full_observation_spec"),
+            (out, "full_reward_spec"),
+            (out, "full_done_spec"),
+        ):
+            nxt.update(part(container, name))
+        root.set("next", nxt)
+        return root
+
+    def add_truncated_keys(self) -> EnvBase:
+        """Add a ``"truncated"`` entry beside every ``"done"`` in the done spec."""
+        full = self.full_done_spec.clone()
+        full.unlock_()
+        for key in list(full.keys(include_nested=True, leaves_only=True)):
+            key_t = unravel(key)
+            if key_t[-1] == "done" and (*key_t[:-1], "truncated") not in full:
+                full[(*key_t[:-1], "truncated")] = full[key].clone()
+        self.full_done_spec = full
+        return self
+
+    # ------------------------------------------------------------------ lifecycle
+    async def aclose(self) -> None:
+        """Close the env and release its resources; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._aclose()
+
+    async def __aenter__(self) -> EnvBase:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ rollout
+    async def rollout(
+        self,
+        max_steps: int,
+        policy: Callable[..., Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        *,
+        auto_reset: bool = True,
+        auto_cast_to_device: bool = False,
+        break_when_any_done: bool | None = None,
+        break_when_all_done: bool | None = None,
+        return_contiguous: bool | None = True,
+        tensordict: TensorDictBase | None = None,
+        set_truncated: bool = False,
+    ) -> TensorDictBase:
+        """Run ``max_steps`` steps and stack them along a trailing ``"time"`` dim.
+
+        ``policy`` is a ``TensorDictModule``, any callable on a TensorDict (returning it or
+        None), an ``async def`` callable, or None for random actions. With
+        ``break_when_any_done`` (the default) the rollout stops at the first done; with
+        ``break_when_all_done`` done elements stop stepping (partial steps) until all are
+        done; with neither, done elements are reset and the rollout goes on.
+        """
+        from aenv.envs._rollout import run_rollout
+
+        return await run_rollout(
+            self,
+            max_steps,
+            policy,
+            callback,
+            auto_reset=auto_reset,
+            auto_cast_to_device=auto_cast_to_device,
+            break_when_any_done=break_when_any_done,
+            break_when_all_done=break_when_all_done,
+            return_contiguous=return_contiguous,
+            tensordict=tensordict,
+            set_truncated=set_truncated,
+        )

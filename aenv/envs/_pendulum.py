@@ -1,0 +1,124 @@
+"""A stateless, batch-unlocked pendulum: all state travels in the tensordict."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv.envs._common import EnvBase
+from aenv.specs import Bounded, Categorical, Composite, Unbounded
+
+__all__ = ["PendulumEnv"]
+
+_DEFAULTS = {
+    "max_speed": 8.0,
+    "max_torque": 2.0,
+    "dt": 0.05,
+    "g": 10.0,
+    "m": 1.0,
+    "l": 1.0,
+}
+
+
+class PendulumEnv(EnvBase):
+    """The classic swing-up pendulum, written as a pure function of the tensordict.
+
+    The env keeps no state: angle ``"th"``, angular speed ``"thdot"`` and the physical
+    ``"params"`` travel in the tensordict, so one env serves any batch size
+    (``batch_locked = False``). Observations are ``"th"`` and ``"thdot"``; the action
+    ``"action"`` is a torque in ``[-max_torque, max_torque]``; the reward is
+    ``-(angle^2 + 0.1 thdot^2 + 0.001 u^2)``. It never terminates: bound rollouts with
+    ``max_steps`` (or a StepCounter transform).
+
+    Example:
+        >>> env = PendulumEnv()
+        >>> td = await env.reset(TensorDict({}, batch_size=[8]))
+        >>> (await env.rollout(5, tensordict=td, auto_reset=False)).batch_size
+        torch.Size([8, 5])
+    """
+
+    _batch_locked = False
+
+    def __init__(self, td_params: TensorDictBase | None = None, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.td_params = td_params if td_params is not None else self.gen_params()
+        self._make_specs(self.td_params)
+        self.rng = torch.Generator()
+        self.rng.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+
+    @staticmethod
+    def gen_params(g: float = 10.0, batch_size: tuple[int, ...] = ()) -> TensorDictBase:
+        """Physical parameters as a tensordict (``g`` may be changed), expanded to ``batch_size``."""
+        values = dict(_DEFAULTS, g=g)
+        params = TensorDict(
+            {k: torch.tensor(v) for k, v in values.items()},
+            batch_size=(),
+        )
+        td = TensorDict({"params": params}, batch_size=())
+        return td.expand(*batch_size).contiguous() if batch_size else td
+
+    def _make_specs(self, td_params: TensorDictBase) -> None:
+        max_speed = float(td_params["params", "max_speed"].max())
+        max_torque = float(td_params["params", "max_torque"].max())
+        params_spec = Composite(
+            {k: Unbounded(shape=(), dtype=torch.float32) for k in _DEFAULTS},
+        )
+        self.observation_spec = Composite(
+            th=Bounded(-math.pi, math.pi, shape=(), dtype=torch.float32),
+            thdot=Bounded(-max_speed, max_speed, shape=(), dtype=torch.float32),
+            params=params_spec,
+        )
+        self.state_spec = self.observation_spec.clone()
+        self.action_spec = Bounded(-max_torque, max_torque, shape=(1,), dtype=torch.float32)
+        self.reward_spec = Unbounded(shape=(1,))
+        self.full_done_spec = Composite(
+            done=Categorical(2, shape=(1,), dtype=torch.bool),
+            terminated=Categorical(2, shape=(1,), dtype=torch.bool),
+        )
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.rng.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        if tensordict is None or tensordict.get("params", None) is None:
+            batch = tensordict.batch_size if tensordict is not None else ()
+            params = self.gen_params(batch_size=batch)["params"]
+        else:
+            params = tensordict["params"]
+        batch = params.batch_size
+        th = (torch.rand(batch, generator=self.rng) * 2 - 1) * math.pi
+        thdot = torch.rand(batch, generator=self.rng) * 2 - 1
+        done = torch.zeros((*batch, 1), dtype=torch.bool)
+        return TensorDict(
+            {"th": th, "thdot": thdot, "params": params, "done": done, "terminated": done.clone()},
+            batch_size=batch,
+        )
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        th = tensordict["th"]
+        thdot = tensordict["thdot"]
+        params = tensordict["params"]
+        g, m, length, dt = params["g"], params["m"], params["l"], params["dt"]
+        max_torque, max_speed = params["max_torque"], params["max_speed"]
+        u = tensordict["action"].squeeze(-1).clamp(-max_torque, max_torque)
+        angle = ((th + math.pi) % (2 * math.pi)) - math.pi
+        cost = angle.pow(2) + 0.1 * thdot.pow(2) + 0.001 * u.pow(2)
+        new_thdot = thdot + (3 * g / (2 * length) * th.sin() + 3.0 / (m * length**2) * u) * dt
+        new_thdot = new_thdot.clamp(-max_speed, max_speed)
+        new_th = th + new_thdot * dt
+        new_th = ((new_th + math.pi) % (2 * math.pi)) - math.pi
+        done = torch.zeros((*tensordict.batch_size, 1), dtype=torch.bool)
+        return TensorDict(
+            {
+                "th": new_th,
+                "thdot": new_thdot,
+                "params": params,
+                "reward": (-cost).unsqueeze(-1),
+                "done": done,
+                "terminated": done.clone(),
+            },
+            batch_size=tensordict.batch_size,
+        )

@@ -1,0 +1,137 @@
+"""The async rollout loop shared by every env (pools and transformed envs included)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from aenv._mdp import unravel
+
+if TYPE_CHECKING:
+    from aenv.envs._common import EnvBase
+
+__all__ = ["call_policy", "run_rollout"]
+
+
+async def call_policy(policy: Callable[..., Any], td: TensorDictBase) -> TensorDictBase:
+    """Apply a policy to ``td``: awaits async policies; a None result means "in place"."""
+    out = policy(td)
+    if inspect.isawaitable(out):
+        out = await out
+    if out is None:
+        return td
+    if not isinstance(out, TensorDictBase):
+        raise TypeError(
+            f"a rollout policy must return a TensorDict (or None, writing in place); got "
+            f"{type(out).__name__}. Wrap plain modules in tensordict.nn.TensorDictModule."
+        )
+    return out
+
+
+def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
+    """Per batch element: is any done flag (at any level) set? Shape ``td.batch_size``."""
+    out = torch.zeros(td.batch_size, dtype=torch.bool, device=td.device)
+    for key in env.done_keys:
+        if unravel(key)[-1] != "done":
+            continue
+        flag = td.get(key, None)
+        if flag is None:
+            continue
+        flag = flag.reshape(*td.batch_size, -1).any(-1)
+        out = out | flag
+    return out
+
+
+async def run_rollout(
+    env: EnvBase,
+    max_steps: int,
+    policy: Callable[..., Any] | None,
+    callback: Callable[..., Any] | None,
+    *,
+    auto_reset: bool,
+    auto_cast_to_device: bool,
+    break_when_any_done: bool | None,
+    break_when_all_done: bool | None,
+    return_contiguous: bool | None,
+    tensordict: TensorDictBase | None,
+    set_truncated: bool,
+) -> TensorDictBase:
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if break_when_any_done is None and break_when_all_done is None:
+        break_when_any_done = True
+    if break_when_any_done and break_when_all_done:
+        raise ValueError("break_when_any_done and break_when_all_done cannot both be True")
+    if auto_reset:
+        if tensordict is not None:
+            raise RuntimeError("tensordict cannot be passed when auto_reset=True")
+        tensordict = await env.reset()
+    elif tensordict is None:
+        raise RuntimeError("a tensordict is required when auto_reset=False")
+    if set_truncated and not any(unravel(k)[-1] == "truncated" for k in env.done_keys):
+        raise RuntimeError(
+            "set_truncated=True needs 'truncated' entries in the done spec; "
+            "call env.add_truncated_keys() first"
+        )
+    if policy is None:
+        policy = env.rand_action
+    device = env.device
+    steps: list[TensorDictBase] = []
+    td = tensordict
+    for i in range(max_steps):
+        if break_when_all_done and i:
+            td.set("_step", ~_done_mask(env, td))
+        td = await call_policy(policy, td)
+        if auto_cast_to_device and device is not None:
+            td = td.to(device)
+        if break_when_any_done or break_when_all_done:
+            td = await env.step(td)
+            td.pop("_step", None)
+            steps.append(td)
+            if callback is not None:
+                res = callback(env, td)
+                if inspect.isawaitable(res):
+                    await res
+            if i == max_steps - 1:
+                break
+            td = env._step_mdp(td)
+            done = _done_mask(env, td)
+            if break_when_any_done and bool(done.any()):
+                break
+            if break_when_all_done and bool(done.all()):
+                break
+        else:
+            td, nxt = await env.step_and_maybe_reset(td)
+            steps.append(td)
+            if callback is not None:
+                res = callback(env, td)
+                if inspect.isawaitable(res):
+                    await res
+            if i == max_steps - 1:
+                break
+            td = nxt
+    batch_dims = steps[0].batch_dims
+    if set_truncated:
+        last = steps[-1].get("next")
+        for key in env.done_keys:
+            key_t = unravel(key)
+            if key_t[-1] in ("truncated", "done"):
+                last.set(key, torch.ones_like(last.get(key)))
+    if return_contiguous:
+        try:
+            out = torch.stack(steps, dim=batch_dims)
+        except RuntimeError:
+            out = LazyStackedTensorDict.lazy_stack(steps, dim=batch_dims)
+    else:
+        out = LazyStackedTensorDict.lazy_stack(steps, dim=batch_dims)
+    try:
+        out.refine_names(*([None] * batch_dims), "time")
+    except (RuntimeError, ValueError, NotImplementedError):
+        pass
+    return out
+
+

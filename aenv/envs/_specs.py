@@ -1,0 +1,348 @@
+"""Spec bookkeeping of EnvBase: the input/output spec tree, its views, locking and key caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aenv._mdp import NestedKey, done_groups, reset_keys_from_done_keys
+from aenv.exceptions import BatchSizeError
+from aenv.specs import Categorical, Composite, TensorSpec, Unbounded
+
+__all__ = ["EnvSpecsMixin"]
+
+_CACHED = (
+    "action_keys",
+    "reward_keys",
+    "done_keys",
+    "observation_keys",
+    "state_keys",
+    "reset_keys",
+    "_done_groups",
+    "_done_zeros",
+    "_reward_zero",
+    "_action_checks",
+)
+
+
+class EnvSpecsMixin:
+    """Holds ``input_spec`` / ``output_spec`` and derives every spec view and key list.
+
+    ``output_spec`` holds ``full_observation_spec``, ``full_reward_spec`` and
+    ``full_done_spec``; ``input_spec`` holds ``full_action_spec`` and ``full_state_spec``.
+    Shapes include the env's batch size. While specs are locked (the default), derived key
+    lists are cached; assigning a spec unlocks, replaces, clears the caches and relocks.
+    """
+
+    batch_size: torch.Size
+    _device: torch.device | None
+    _spec_locked: bool
+
+    def _init_specs(self) -> None:
+        bs = self.batch_size
+        dev = self._device
+        self.__dict__["output_spec"] = Composite(
+            full_observation_spec=Composite(shape=bs, device=dev),
+            full_reward_spec=Composite(shape=bs, device=dev),
+            full_done_spec=Composite(shape=bs, device=dev),
+            shape=bs,
+            device=dev,
+        )
+        self.__dict__["input_spec"] = Composite(
+            full_action_spec=Composite(shape=bs, device=dev),
+            full_state_spec=Composite(shape=bs, device=dev),
+            shape=bs,
+            device=dev,
+        )
+
+    # ------------------------------------------------------------------ locking and caches
+    @property
+    def output_spec(self) -> Composite:
+        """The locked composite of everything the env outputs."""
+        return self.__dict__["output_spec"]
+
+    @output_spec.setter
+    def output_spec(self, spec: Composite) -> None:
+        self._check_spec_shape("output_spec", spec)
+        self.__dict__["output_spec"] = spec.clone()
+        self._specs_changed()
+
+    @property
+    def input_spec(self) -> Composite:
+        """The locked composite of everything the env reads (actions and state)."""
+        return self.__dict__["input_spec"]
+
+    @input_spec.setter
+    def input_spec(self, spec: Composite) -> None:
+        self._check_spec_shape("input_spec", spec)
+        self.__dict__["input_spec"] = spec.clone()
+        self._specs_changed()
+
+    @property
+    def is_spec_locked(self) -> bool:
+        """Whether the specs are locked (no in-place modification; caches in use)."""
+        return self._spec_locked
+
+    def set_spec_lock_(self, mode: bool = True) -> EnvSpecsMixin:
+        """Lock (``True``) or unlock (``False``) the specs in place; returns the env."""
+        self._spec_locked = bool(mode)
+        self._clear_spec_caches()
+        for spec in (self.output_spec, self.input_spec):
+            if mode:
+                spec.lock_()
+            else:
+                spec.unlock_()
+        return self
+
+    def _clear_spec_caches(self) -> None:
+        for name in _CACHED:
+            self.__dict__.pop(name, None)
+
+    def _specs_changed(self) -> None:
+        """Complete the done spec, drop caches, relock if locking is on."""
+        self.output_spec.unlock_()
+        self.input_spec.unlock_()
+        self._complete_done_spec()
+        self._clear_spec_caches()
+        if self._spec_locked:
+            self.output_spec.lock_()
+            self.input_spec.lock_()
+
+    def _set_sub_spec(self, parent: str, name: str, spec: Composite) -> None:
+        self._check_spec_shape(name, spec)
+        root = self.__dict__[parent]
+        root.unlock_()
+        root[name] = spec.clone()
+        self._specs_changed()
+
+    def _check_spec_shape(self, name: str, spec: TensorSpec) -> None:
+        bs = self.batch_size
+        if not isinstance(spec, TensorSpec):
+            raise TypeError(f"{name} must be a TensorSpec, got {type(spec).__name__}")
+        if tuple(spec.shape[: len(bs)]) != tuple(bs):
+            raise BatchSizeError(
+                f"{name} has shape {tuple(spec.shape)}, which does not start with the env's "
+                f"batch size {tuple(bs)}; spec shapes include the batch dims"
+            )
+
+    def _wrap_leaf(self, name: str, key: str, spec: TensorSpec) -> Composite:
+        if isinstance(spec, Composite):
+            return spec
+        self._check_spec_shape(name, spec)
+        return Composite({key: spec}, shape=self.batch_size, device=self._device)
+
+    def _complete_done_spec(self) -> None:
+        """Give every level a done and a terminated entry (a default pair when none exists)."""
+        full = self.output_spec["full_done_spec"]
+        leaves = list(full.keys(include_nested=True, leaves_only=True))
+        if not leaves:
+            spec = Categorical(
+                2, shape=(*self.batch_size, 1), dtype=torch.bool, device=self._device
+            )
+            full["done"] = spec
+            full["terminated"] = spec.clone()
+            return
+        for prefix, names in done_groups(leaves).items():
+            present = next(n for n in ("done", "terminated", "truncated") if n in names) if any(
+                n in names for n in ("done", "terminated", "truncated")
+            ) else None
+            if present is None:
+                continue
+            template = full[(*prefix, present)]
+            for needed in ("done", "terminated"):
+                if needed not in names:
+                    full[(*prefix, needed)] = template.clone()
+
+    # ------------------------------------------------------------------ full specs
+    @property
+    def full_observation_spec(self) -> Composite:
+        return self.output_spec["full_observation_spec"]
+
+    @full_observation_spec.setter
+    def full_observation_spec(self, spec: Composite) -> None:
+        self._set_sub_spec("output_spec", "full_observation_spec", spec)
+
+    @property
+    def full_reward_spec(self) -> Composite:
+        return self.output_spec["full_reward_spec"]
+
+    @full_reward_spec.setter
+    def full_reward_spec(self, spec: Composite) -> None:
+        self._set_sub_spec("output_spec", "full_reward_spec", spec)
+
+    @property
+    def full_done_spec(self) -> Composite:
+        return self.output_spec["full_done_spec"]
+
+    @full_done_spec.setter
+    def full_done_spec(self, spec: Composite) -> None:
+        self._set_sub_spec("output_spec", "full_done_spec", spec)
+
+    @property
+    def full_action_spec(self) -> Composite:
+        return self.input_spec["full_action_spec"]
+
+    @full_action_spec.setter
+    def full_action_spec(self, spec: Composite) -> None:
+        self._set_sub_spec("input_spec", "full_action_spec", spec)
+
+    @property
+    def full_state_spec(self) -> Composite:
+        return self.input_spec["full_state_spec"]
+
+    @full_state_spec.setter
+    def full_state_spec(self, spec: Composite) -> None:
+        self._set_sub_spec("input_spec", "full_state_spec", spec)
+
+    # ------------------------------------------------------------------ short views
+    @property
+    def observation_spec(self) -> Composite:
+        """The observation composite (same object as ``full_observation_spec``)."""
+        return self.full_observation_spec
+
+    @observation_spec.setter
+    def observation_spec(self, spec: Composite) -> None:
+        if not isinstance(spec, Composite):
+            raise TypeError(
+                f"observation_spec must be a Composite, got {type(spec).__name__}; "
+                "wrap the leaf, e.g. Composite(observation=spec, shape=env.batch_size)"
+            )
+        self.full_observation_spec = spec
+
+    @property
+    def state_spec(self) -> Composite:
+        return self.full_state_spec
+
+    @state_spec.setter
+    def state_spec(self, spec: Composite) -> None:
+        self.full_state_spec = self._wrap_leaf("state_spec", "state", spec)
+
+    @staticmethod
+    def _leaf_or_full(full: Composite, keys: list[NestedKey]) -> TensorSpec:
+        return full[keys[0]] if len(keys) == 1 else full
+
+    @property
+    def action_spec(self) -> TensorSpec:
+        """The action leaf when there is one action key, else the full composite."""
+        return self._leaf_or_full(self.full_action_spec, self.action_keys)
+
+    @action_spec.setter
+    def action_spec(self, spec: TensorSpec) -> None:
+        self.full_action_spec = self._wrap_leaf("action_spec", "action", spec)
+
+    @property
+    def reward_spec(self) -> TensorSpec:
+        """The reward leaf when there is one reward key, else the full composite."""
+        return self._leaf_or_full(self.full_reward_spec, self.reward_keys)
+
+    @reward_spec.setter
+    def reward_spec(self, spec: TensorSpec) -> None:
+        self.full_reward_spec = self._wrap_leaf("reward_spec", "reward", spec)
+
+    @property
+    def done_spec(self) -> TensorSpec:
+        """The done leaf when there is one done key, else the full done composite."""
+        return self._leaf_or_full(self.full_done_spec, self.done_keys)
+
+    @done_spec.setter
+    def done_spec(self, spec: TensorSpec) -> None:
+        self.full_done_spec = self._wrap_leaf("done_spec", "done", spec)
+
+    # ------------------------------------------------------------------ keys
+    def _cached(self, name: str, factory: Any) -> Any:
+        if self._spec_locked:
+            try:
+                return self.__dict__[name]
+            except KeyError:
+                value = self.__dict__[name] = factory()
+                return value
+        return factory()
+
+    @property
+    def action_keys(self) -> list[NestedKey]:
+        return self._cached("action_keys", lambda: _leaf_keys(self.full_action_spec))
+
+    @property
+    def reward_keys(self) -> list[NestedKey]:
+        return self._cached("reward_keys", lambda: _leaf_keys(self.full_reward_spec))
+
+    @property
+    def done_keys(self) -> list[NestedKey]:
+        return self._cached("done_keys", lambda: _leaf_keys(self.full_done_spec))
+
+    @property
+    def observation_keys(self) -> list[NestedKey]:
+        return self._cached("observation_keys", lambda: _leaf_keys(self.full_observation_spec))
+
+    @property
+    def state_keys(self) -> list[NestedKey]:
+        return self._cached("state_keys", lambda: _leaf_keys(self.full_state_spec))
+
+    @property
+    def reset_keys(self) -> list[NestedKey]:
+        """One ``"_reset"`` key per level holding done entries."""
+        return self._cached("reset_keys", lambda: reset_keys_from_done_keys(self.done_keys))
+
+    @property
+    def _done_groups(self) -> dict[tuple[str, ...], list[str]]:
+        return self._cached("_done_groups", lambda: done_groups(self.done_keys))
+
+    @property
+    def _done_zeros(self) -> dict[tuple[str, ...], torch.Tensor]:
+        def make() -> dict[tuple[str, ...], torch.Tensor]:
+            out = {}
+            for prefix, names in self._done_groups.items():
+                spec = self.full_done_spec[(*prefix, names[0])]
+                out[prefix] = torch.zeros(spec.shape, dtype=torch.bool, device=spec.device)
+            return out
+
+        return self._cached("_done_zeros", make)
+
+    @property
+    def _reward_zero(self) -> dict[NestedKey, torch.Tensor]:
+        return self._cached(
+            "_reward_zero",
+            lambda: {k: self.full_reward_spec[k].zero() for k in self.reward_keys},
+        )
+
+    @property
+    def _action_checks(self) -> list[tuple[NestedKey, TensorSpec, bool]]:
+        def make() -> list[tuple[NestedKey, TensorSpec, bool]]:
+            checks = []
+            for key in self.action_keys:
+                spec = self.full_action_spec[key]
+                tensorlike = spec.dtype is not None and not type(spec).__name__.startswith("NonTensor")
+                checks.append((key, spec, tensorlike))
+            return checks
+
+        return self._cached("_action_checks", make)
+
+    def _single_key(self, kind: str, keys: list[NestedKey]) -> NestedKey:
+        if len(keys) != 1:
+            raise KeyError(
+                f"the env has {len(keys)} {kind} keys ({keys}); `{kind}_key` needs exactly one, "
+                f"use `{kind}_keys`"
+            )
+        return keys[0]
+
+    @property
+    def action_key(self) -> NestedKey:
+        return self._single_key("action", self.action_keys)
+
+    @property
+    def reward_key(self) -> NestedKey:
+        return self._single_key("reward", self.reward_keys)
+
+    @property
+    def done_key(self) -> NestedKey:
+        return self._single_key("done", self.done_keys)
+
+
+
+def _leaf_keys(spec: Composite) -> list[NestedKey]:
+    return [k for k in spec.keys(include_nested=True, leaves_only=True)]
+
+
+def default_reward_spec(batch_size: torch.Size, device: torch.device | None) -> Unbounded:
+    return Unbounded(shape=(*batch_size, 1), device=device)

@@ -1,0 +1,525 @@
+"""Stacking specs: ``torch.stack`` on specs, and the heterogeneous :class:`Stacked` /
+:class:`StackedComposite` that keep one spec per stacked element."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from aenv.exceptions import SpecError
+
+from ._base import TensorSpec
+from ._composite import _NO_DEFAULT, Composite, _norm_key
+from ._shape import norm_dim, parse_shape, parse_shape_args, shape_matches, to_device
+
+__all__ = ["Stacked", "StackedComposite", "stack_specs"]
+
+
+def _common_shape(specs: Sequence[TensorSpec], dim: int) -> torch.Size:
+    ndims = {s.ndim for s in specs}
+    if len(ndims) != 1:
+        raise SpecError(f"cannot stack specs with different numbers of dims: {sorted(ndims)}")
+    first = specs[0].shape
+    shape = [s if all(o.shape[i] == s for o in specs) else -1 for i, s in enumerate(first)]
+    shape.insert(dim, len(specs))
+    return torch.Size(shape)
+
+
+def stack_specs(specs: Sequence[TensorSpec], dim: int = 0, *, out: Any = None) -> TensorSpec:
+    """Stacks specs along a new dim, as ``torch.stack(specs, dim)`` does.
+
+    Identical specs (or same-class specs that differ only in bounds or masks) give one plain
+    spec of the stacked shape; leaves that differ otherwise give a :class:`Stacked`, and
+    composites that differ in keys or shapes a :class:`StackedComposite`.
+    """
+    if out is not None:
+        raise SpecError("torch.stack on specs does not support out=")
+    specs = list(specs)
+    if not specs:
+        raise SpecError("cannot stack an empty list of specs")
+    first = specs[0]
+    n_comp = sum(isinstance(s, Composite) for s in specs)
+    if n_comp not in (0, len(specs)):
+        raise SpecError("cannot stack Composite specs together with leaf specs")
+    _common_shape(specs, 0)
+    d = norm_dim(dim, first.ndim, insert=True)
+    if n_comp:
+        return _stack_composites(specs, d)  # type: ignore[arg-type]
+    if d <= first.batch_ndim and all(first._stackable_with(s) for s in specs[1:]):
+        return _dense_stack(specs, d)
+    return Stacked(*specs, dim=d)
+
+
+def _dense_stack(specs: list[TensorSpec], d: int) -> TensorSpec:
+    first = specs[0]
+    n = len(specs)
+    shape = torch.Size((*first.shape[:d], n, *first.shape[d:]))
+    same = all(s == first for s in specs[1:])
+    new = first._copy_with(shape, lambda t: t.unsqueeze(d).expand(*t.shape[:d], n, *t.shape[d:]))
+    if not same:
+        for name in first._param_names:
+            vals = [getattr(s, name) for s in specs]
+            if all(v is None for v in vals):
+                continue
+            ref = next(v for v in vals if v is not None)
+            filled = [torch.ones_like(ref) if v is None else v for v in vals]
+            setattr(new, name, torch.stack(filled, d))
+    return new
+
+
+def _stack_composites(specs: list[Composite], d: int) -> TensorSpec:
+    first = specs[0]
+    plain = all(type(s) is Composite for s in specs)
+    if plain and all(
+        s.shape == first.shape and s.device == first.device and s._specs.keys() == first._specs.keys()
+        for s in specs[1:]
+    ):
+        children = {}
+        for key in first._specs:
+            child = stack_specs([s._specs[key] for s in specs], d)
+            if isinstance(child, (Stacked, StackedComposite)):
+                break
+            children[key] = child
+        else:
+            shape = torch.Size((*first.shape[:d], len(specs), *first.shape[d:]))
+            return Composite._new_unchecked(children, shape, first.device, first._meta)
+    return StackedComposite(*specs, dim=d)
+
+
+class _LazyStackMixin:
+    """Indexing, unbinding and shape changes shared by Stacked and StackedComposite."""
+
+    _stack: list[Any]
+    stack_dim: int
+    shape: torch.Size
+
+    def _rebuild(self, specs: list[Any], dim: int) -> Any:
+        return stack_specs(specs, dim)
+
+    def _stack_index(self, index: Any) -> Any:
+        idx = index if isinstance(index, tuple) else (index,)
+        if not all(isinstance(i, (int, slice)) for i in idx):
+            raise SpecError(f"{type(self).__name__} supports int and slice indices only")
+        if len(idx) > len(self.shape):
+            raise SpecError(f"too many indices for {type(self).__name__} of shape {tuple(self.shape)}")
+        pre, post = idx[: self.stack_dim], idx[self.stack_dim + 1 :]
+        at = idx[self.stack_dim] if len(idx) > self.stack_dim else slice(None)
+        elem_idx = (*pre, *post)
+        specs = self._stack[at] if isinstance(at, slice) else [self._stack[at]]
+        if elem_idx:
+            specs = [s[elem_idx] for s in specs]
+        if isinstance(at, int):
+            return specs[0]
+        new_dim = self.stack_dim - sum(isinstance(i, int) for i in pre)
+        return self._rebuild(list(specs), new_dim)
+
+    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        """The stacked specs (along the stack dim), or stacks of each slice (other dims)."""
+        d = norm_dim(dim, len(self.shape))
+        if d == self.stack_dim:
+            return tuple(self._stack)
+        ed = d if d < self.stack_dim else d - 1
+        parts = [s.unbind(ed) for s in self._stack]
+        new_dim = self.stack_dim - 1 if d < self.stack_dim else self.stack_dim
+        return tuple(self._rebuild([p[i] for p in parts], new_dim) for i in range(len(parts[0])))
+
+    def expand(self, *shape: Any) -> Any:
+        """Prepends leading dims to every stacked spec."""
+        new = parse_shape_args(shape)
+        nd = len(self.shape)
+        if len(new) < nd or (nd and any(n not in (s, -1) for n, s in zip(new[-nd:], self.shape))):
+            raise SpecError(
+                f"cannot expand {type(self).__name__} of shape {tuple(self.shape)} to "
+                f"{tuple(new)}: the new shape must end with the current shape"
+            )
+        lead = new[: len(new) - nd]
+        if not lead:
+            return self
+        specs = [s.expand(*lead, *s.shape) for s in self._stack]
+        return type(self)(*specs, dim=self.stack_dim + len(lead))
+
+    def unsqueeze(self, dim: int) -> Any:
+        """Inserts a size-1 dim at ``dim``."""
+        d = norm_dim(dim, len(self.shape), insert=True)
+        if d <= self.stack_dim:
+            return type(self)(*[s.unsqueeze(d) for s in self._stack], dim=self.stack_dim + 1)
+        return type(self)(*[s.unsqueeze(d - 1) for s in self._stack], dim=self.stack_dim)
+
+    def squeeze(self, dim: int | None = None) -> Any:
+        """Removes size-1 dims (a size-1 stack dim gives back the single stacked spec)."""
+        dims = (
+            [i for i, s in enumerate(self.shape) if s == 1]
+            if dim is None
+            else [norm_dim(dim, len(self.shape))]
+        )
+        out = self
+        for d in sorted(dims, reverse=True):
+            if out.shape[d] != 1:
+                continue
+            if d == out.stack_dim:
+                return out._stack[0] if dim is not None else out._stack[0].squeeze()
+            ed = d if d < out.stack_dim else d - 1
+            new_dim = out.stack_dim - 1 if d < out.stack_dim else out.stack_dim
+            out = type(self)(*[s.squeeze(ed) for s in out._stack], dim=new_dim)
+        return out
+
+    def reshape(self, *shape: Any) -> Any:
+        """Heterogeneous stacks cannot be reshaped."""
+        raise SpecError(f"{type(self).__name__} cannot be reshaped")
+
+    view = reshape
+
+    def clone(self) -> Any:
+        """A deep copy."""
+        return type(self)(*[s.clone() for s in self._stack], dim=self.stack_dim)
+
+    def to(self, dest: Any) -> Any:
+        """Every stacked spec on another device (or dtype, for leaves)."""
+        return type(self)(*[s.to(dest) for s in self._stack], dim=self.stack_dim)
+
+    def __len__(self) -> int:
+        return len(self._stack)
+
+
+class Stacked(_LazyStackMixin, TensorSpec):
+    """A heterogeneous stack of leaf specs (differing shapes, classes or dtypes).
+
+    Its shape has a ``-1`` wherever the stacked shapes differ; ``spec[i]`` (along the stack
+    dim) gives the i-th spec back. ``rand()``/``zero()`` stack densely when the values have
+    equal shapes and otherwise return a (strided) ``torch.nested`` tensor, which needs the
+    stack dim to be the first dim of the result.
+
+    Example:
+        >>> import torch
+        >>> from aenv.specs import Unbounded
+        >>> spec = torch.stack([Unbounded((2,)), Unbounded((3,))], 0)
+        >>> spec.shape, spec[1].shape
+        (torch.Size([2, -1]), torch.Size([3]))
+    """
+
+    _kind = "stacked"
+
+    def __init__(self, *specs: TensorSpec, dim: int = 0) -> None:
+        if len(specs) == 1 and isinstance(specs[0], (list, tuple)):
+            specs = tuple(specs[0])
+        if not specs or any(isinstance(s, Composite) for s in specs):
+            raise SpecError("Stacked needs one or more leaf specs (use StackedComposite for composites)")
+        self._stack = list(specs)
+        self.stack_dim = norm_dim(dim, specs[0].ndim, insert=True)
+        dtypes = {s.dtype for s in specs}
+        super().__init__(
+            _common_shape(self._stack, self.stack_dim),
+            specs[0].device,
+            dtypes.pop() if len(dtypes) == 1 else None,
+        )
+
+    @property
+    def batch_ndim(self) -> int:  # type: ignore[override]
+        return min(s.batch_ndim for s in self._stack) + 1
+
+    def _gather(self, values: list[Any], extra: int) -> Any:
+        d = extra + self.stack_dim
+        if isinstance(values[0], torch.Tensor):
+            if all(v.shape == values[0].shape for v in values):
+                return torch.stack(values, d)
+            if d != 0:
+                raise SpecError("values of a ragged Stacked spec can only be stacked on dim 0")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return torch.nested.nested_tensor(values)
+        return torch.stack(values, d)
+
+    def rand(self, shape: Any = None) -> Any:
+        """One value per stacked spec, stacked (densely when shapes agree)."""
+        extra = parse_shape(shape)
+        return self._gather([s.rand(extra) for s in self._stack], len(extra))
+
+    def zero(self, shape: Any = None) -> Any:
+        """Zeros of every stacked spec, stacked."""
+        extra = parse_shape(shape)
+        return self._gather([s.zero(extra) for s in self._stack], len(extra))
+
+    def one(self, shape: Any = None) -> Any:
+        """Ones of every stacked spec, stacked."""
+        extra = parse_shape(shape)
+        return self._gather([s.one(extra) for s in self._stack], len(extra))
+
+    def _split(self, val: Any) -> list[Any] | str:
+        n = len(self._stack)
+        if isinstance(val, (list, tuple)):
+            items = list(val)
+        elif isinstance(val, torch.Tensor) and val.is_nested:
+            if self.stack_dim != 0:
+                return "a nested tensor only fits a spec stacked on dim 0"
+            items = list(val.unbind(0))
+        elif isinstance(val, (torch.Tensor, TensorDictBase)):
+            shape = val.shape if isinstance(val, torch.Tensor) else val.batch_size
+            if not shape_matches(self.shape, shape[: len(self.shape)]) or len(shape) != len(self.shape):
+                return f"shape {tuple(shape)} does not match {tuple(self.shape)}"
+            items = list(val.unbind(self.stack_dim))
+        else:
+            return f"expected a tensor or a list, got {type(val).__name__}"
+        if len(items) != n:
+            return f"{len(items)} elements do not match the {n} stacked specs"
+        return items
+
+    def _check(self, val: Any) -> str | None:
+        items = self._split(val)
+        if isinstance(items, str):
+            return items
+        for i, (s, v) in enumerate(zip(self._stack, items)):
+            reason = s._check(v)
+            if reason is not None:
+                return f"element {i}: {reason}"
+        return None
+
+    def project(self, val: Any) -> Any:
+        """Projects each element into its own spec."""
+        items = self._split(val)
+        if isinstance(items, str):
+            raise SpecError(f"cannot project onto {self.describe()}: {items}")
+        return self._gather([s.project(v) for s, v in zip(self._stack, items)], 0)
+
+    def encode(self, val: Any, *, ignore_device: bool = False) -> Any:
+        """Encodes each element with its own spec."""
+        items = self._split(val) if not isinstance(val, torch.Tensor) or val.is_nested else None
+        if items is None:
+            items = list(torch.as_tensor(val).unbind(self.stack_dim))
+        if isinstance(items, str):
+            raise SpecError(f"cannot encode into {self.describe()}: {items}")
+        return self._gather([s.encode(v) for s, v in zip(self._stack, items)], 0)
+
+    def to_numpy(self, val: Any, safe: bool = False) -> Any:
+        """A list with one numpy array per stacked element."""
+        if safe:
+            self.assert_is_in(val)
+        items = self._split(val)
+        if isinstance(items, str):
+            raise SpecError(items)
+        return [s.to_numpy(v) for s, v in zip(self._stack, items)]
+
+    def __getitem__(self, index: Any) -> TensorSpec:
+        return self._stack_index(index)
+
+    def _stackable_with(self, other: TensorSpec) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Stacked)
+            and other.stack_dim == self.stack_dim
+            and len(other._stack) == len(self._stack)
+            and all(a == b for a, b in zip(self._stack, other._stack))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        inner = ",\n    ".join(repr(s).replace("\n", "\n    ") for s in self._stack)
+        return f"Stacked(\n    {inner},\n    shape={tuple(self.shape)}, dim={self.stack_dim})"
+
+    def describe(self) -> str:
+        """A one-line description for messages."""
+        return f"Stacked({len(self._stack)} specs, shape={tuple(self.shape)}, dim={self.stack_dim})"
+
+
+class StackedComposite(_LazyStackMixin, Composite):
+    """A heterogeneous stack of composites (differing keys or shapes).
+
+    ``rand()``/``zero()`` give a :class:`tensordict.LazyStackedTensorDict`; ``spec[i]`` the i-th
+    composite; ``spec[key]`` the stack of that key's specs; ``keys()`` the keys every stacked
+    composite has; ``is_in`` accepts (lazy) stacks; ``unbind(stack_dim)`` gives the originals.
+
+    Example:
+        >>> import torch
+        >>> from aenv.specs import Composite, Unbounded
+        >>> a = Composite(x=Unbounded((3,)))
+        >>> b = Composite(x=Unbounded((3,)), y=Unbounded((1,)))
+        >>> spec = torch.stack([a, b], 0)
+        >>> list(spec.keys()), type(spec.rand()).__name__
+        (['x'], 'LazyStackedTensorDict')
+    """
+
+    _kind = "stacked_composite"
+
+    def __init__(self, *specs: Composite, dim: int = 0) -> None:
+        if len(specs) == 1 and isinstance(specs[0], (list, tuple)):
+            specs = tuple(specs[0])
+        if not specs or not all(isinstance(s, Composite) for s in specs):
+            raise SpecError("StackedComposite needs one or more Composite specs")
+        self._stack = list(specs)
+        self.stack_dim = norm_dim(dim, specs[0].ndim, insert=True)
+        self.shape = _common_shape(self._stack, self.stack_dim)
+        self.device = specs[0].device
+        self.dtype = None
+        self._meta = {}
+        self._locked = False
+        self._cache = {}
+
+    # the key view: one stacked spec per key shared by every element
+    @property  # type: ignore[override]
+    def _specs(self) -> dict[str, TensorSpec]:
+        cached = self._cache.get("view")
+        if cached is not None:
+            return cached
+        first = self._stack[0]
+        view = {
+            k: stack_specs([s._specs[k] for s in self._stack], self.stack_dim)
+            for k in first._specs
+            if all(k in s._specs for s in self._stack[1:])
+        }
+        if self._locked:
+            self._cache["view"] = view
+        return view
+
+    def lock_(self, recurse: bool = True) -> StackedComposite:
+        """Locks every stacked composite."""
+        self._locked = True
+        for s in self._stack:
+            s.lock_(recurse)
+        return self
+
+    def unlock_(self, recurse: bool = True) -> StackedComposite:
+        """Unlocks every stacked composite."""
+        self._locked = False
+        self._cache.clear()
+        for s in self._stack:
+            s.unlock_(recurse)
+        return self
+
+    def set(self, key: Any, spec: TensorSpec) -> StackedComposite:
+        """Sets ``spec`` (unbound along the stack dim) in every stacked composite."""
+        key = _norm_key(key)
+        self._check_unlocked("set", key)
+        parts = spec.unbind(self.stack_dim)
+        if len(parts) != len(self._stack):
+            raise SpecError(f"cannot set {key!r}: its stack dim has {len(parts)} elements, not {len(self._stack)}")
+        for s, p in zip(self._stack, parts):
+            s.set(key, p)
+        self._cache.clear()
+        return self
+
+    def __delitem__(self, key: Any) -> None:
+        self._check_unlocked("delete", key)
+        for s in self._stack:
+            if key in s:
+                del s[key]
+        self._cache.clear()
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, (str, tuple)) and (
+            isinstance(index, str) or all(isinstance(k, str) for k in index)
+        ):
+            out = self.get(index, _NO_DEFAULT)
+            if out is _NO_DEFAULT:
+                raise KeyError(f"key {index!r} is not in every stacked composite")
+            return out
+        return self._stack_index(index)
+
+    def update(self, other: Composite | Mapping[Any, TensorSpec]) -> StackedComposite:
+        """Sets every entry of ``other`` in every stacked composite."""
+        for key, item in other.items():
+            self.set(key, item)
+        return self
+
+    def empty(self) -> StackedComposite:
+        """A stack of empty composites of the same shapes."""
+        return StackedComposite(*[s.empty() for s in self._stack], dim=self.stack_dim)
+
+    def is_empty(self, recurse: bool = True) -> bool:
+        """Whether every stacked composite is empty."""
+        return all(s.is_empty(recurse) for s in self._stack)
+
+    def _fill(self, method: str, shape: Any) -> TensorDictBase:
+        extra = parse_shape(shape)
+        tds = [getattr(s, method)(extra) for s in self._stack]
+        return LazyStackedTensorDict(*tds, stack_dim=len(extra) + self.stack_dim)
+
+    def _unbind_value(self, val: Any) -> list[Any] | str:
+        if isinstance(val, (list, tuple)):
+            items = list(val)
+        elif isinstance(val, TensorDictBase):
+            if len(val.batch_size) != len(self.shape) or not shape_matches(self.shape, val.batch_size):
+                return f"batch size {tuple(val.batch_size)} does not match {tuple(self.shape)}"
+            items = list(val.unbind(self.stack_dim))
+        else:
+            return f"expected a TensorDict, got {type(val).__name__}"
+        if len(items) != len(self._stack):
+            return f"{len(items)} elements do not match the {len(self._stack)} stacked specs"
+        return items
+
+    def _check_nested(self, val: Any, prefix: tuple[str, ...]) -> tuple[Any, str, Any] | None:
+        items = self._unbind_value(val)
+        if isinstance(items, str):
+            return prefix, items, val
+        for i, (s, v) in enumerate(zip(self._stack, items)):
+            failure = s._check_nested(v, prefix)
+            if failure is not None:
+                return failure[0], f"stacked element {i}: {failure[1]}", failure[2]
+        return None
+
+    def project(self, val: Any) -> TensorDictBase:
+        """Projects each stacked element with its own composite."""
+        items = self._unbind_value(val)
+        if isinstance(items, str):
+            raise SpecError(f"cannot project onto {self.describe()}: {items}")
+        tds = [s.project(v) for s, v in zip(self._stack, items)]
+        return LazyStackedTensorDict(*tds, stack_dim=self.stack_dim)
+
+    def encode(self, val: Any, *, ignore_device: bool = False) -> TensorDictBase:
+        """Encodes a list (or stack) of dicts, one per stacked composite."""
+        items = self._unbind_value(val)
+        if isinstance(items, str):
+            raise SpecError(f"cannot encode into {self.describe()}: {items}")
+        tds = [s.encode(v) for s, v in zip(self._stack, items)]
+        return LazyStackedTensorDict(*tds, stack_dim=self.stack_dim)
+
+    def to_numpy(self, val: Any, safe: bool = False) -> Any:  # type: ignore[override]
+        """A list of dicts of numpy arrays, one per stacked element."""
+        if safe:
+            self.assert_is_in(val)
+        items = self._unbind_value(val)
+        if isinstance(items, str):
+            raise SpecError(items)
+        return [s.to_numpy(v) for s, v in zip(self._stack, items)]
+
+    def _index(self, index: Any) -> Any:
+        return self._stack_index(index)
+
+    def to(self, dest: Any) -> StackedComposite:
+        """Every stacked composite on another device."""
+        device = to_device(dest)
+        return StackedComposite(*[s.to(device) for s in self._stack], dim=self.stack_dim)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, StackedComposite)
+            and other.stack_dim == self.stack_dim
+            and len(other._stack) == len(self._stack)
+            and all(a == b for a, b in zip(self._stack, other._stack))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        inner = ",\n    ".join(repr(s).replace("\n", "\n    ") for s in self._stack)
+        return f"StackedComposite(\n    {inner},\n    shape={tuple(self.shape)}, dim={self.stack_dim})"
+
+    def describe(self) -> str:
+        """A one-line description for messages."""
+        return f"StackedComposite({len(self._stack)} composites, shape={tuple(self.shape)})"
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The stack of the specs at ``key`` (``default`` if some element lacks it)."""
+        key = _norm_key(key)
+        vals = [s.get(key, _NO_DEFAULT) for s in self._stack]
+        if any(v is _NO_DEFAULT for v in vals):
+            return default
+        return stack_specs(vals, self.stack_dim)
+
+    def __contains__(self, key: object) -> bool:
+        return all(key in s for s in self._stack)

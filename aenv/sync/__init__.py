@@ -1,0 +1,11 @@
+"""Synchronous facades over aenv's async implementation, and the loop runner they share.
+
+The runner (:class:`Runner`, :func:`get_runner`, :func:`run_sync`) is the only place in aenv
+where synchronous code touches an event loop.
+"""
+
+from __future__ import annotations
+
+from aenv.sync._runner import Runner, get_runner, run_sync
+
+__all__ = ["Runner", "get_runner", "run_sync"]
