@@ -18,6 +18,7 @@ __all__ = [
     "NestedKey",
     "complete_done",
     "done_groups",
+    "exclusion_tree",
     "mask_merge",
     "pad_mask",
     "prefix_of",
@@ -73,8 +74,8 @@ def complete_done(
         sub = td.get(prefix) if prefix else td
         if sub is None:
             continue
-        done = sub.get("done", None) if "done" in names else None
-        term = sub.get("terminated", None) if "terminated" in names else None
+        done: Any = sub.get("done", None) if "done" in names else None
+        term: Any = sub.get("terminated", None) if "terminated" in names else None
         trunc = sub.get("truncated", None) if "truncated" in names else None
         if term is None and done is None:
             if zeros is None or prefix not in zeros:
@@ -149,6 +150,51 @@ def mask_merge(
     return new
 
 
+ExclusionTree = dict[str, Any]
+
+
+def exclusion_tree(keys: Iterable[NestedKey]) -> ExclusionTree:
+    """A nested dict of keys to skip: ``{"next": True, "agents": {"action": True}}``."""
+    tree: ExclusionTree = {}
+    for key in keys:
+        node = tree
+        parts = unravel(key)
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is True:
+                break
+            if child is None:
+                child = node[part] = {}
+            node = child
+        else:
+            node[parts[-1]] = True
+    return tree
+
+
+def _carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> None:
+    """Copy ``src`` entries missing from ``dst`` into it, skipping ``tree``'s keys."""
+    for key, value in src.items():
+        sub = tree.get(key)
+        if sub is True or key == "_reset" or key == "_step":
+            continue
+        existing = dst.get(key, None)
+        if existing is value:
+            continue
+        if isinstance(value, TensorDictBase):
+            if existing is None:
+                if sub is None:
+                    dst.set(key, value.copy())
+                else:
+                    new = value.empty()
+                    _carry(value, new, sub)
+                    if not new.is_empty():
+                        dst.set(key, new)
+            elif isinstance(existing, TensorDictBase):
+                _carry(value, existing, sub or {})
+        elif existing is None:
+            dst.set(key, value)
+
+
 def step_mdp(
     tensordict: TensorDictBase,
     next_tensordict: TensorDictBase | None = None,
@@ -160,6 +206,7 @@ def step_mdp(
     reward_keys: Sequence[NestedKey] = ("reward",),
     done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
     action_keys: Sequence[NestedKey] = ("action",),
+    _tree: ExclusionTree | None = None,
 ) -> TensorDictBase:
     """Build the input of the next step from a stepped tensordict.
 
@@ -174,25 +221,18 @@ def step_mdp(
         tensor([1.])
     """
     nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
-    excluded: set[tuple[str, ...]] = {("next",)}
-    next_excluded: list[NestedKey] = []
     if exclude_reward:
-        next_excluded.extend(reward_keys)
-    if exclude_done:
-        next_excluded.extend(done_keys)
-    out = nxt.exclude(*next_excluded) if next_excluded else nxt.copy()
+        out = nxt.exclude(*reward_keys, *(done_keys if exclude_done else ()))
+    elif exclude_done:
+        out = nxt.exclude(*done_keys)
+    else:
+        out = nxt.copy()
     if keep_other:
-        excluded.update(unravel(k) for k in reward_keys)
-        excluded.update(unravel(k) for k in done_keys)
-        if exclude_action:
-            excluded.update(unravel(k) for k in action_keys)
-        for key in tensordict.keys(include_nested=True, leaves_only=True):
-            key_t = unravel(key)
-            if key_t[0] == "next" or key_t in excluded or key_t[-1] in ("_reset", "_step"):
-                continue
-            if out.get(key, None) is not None:
-                continue
-            out.set(key, tensordict.get(key))
+        if _tree is None:
+            _tree = exclusion_tree(
+                ["next", *reward_keys, *done_keys, *(action_keys if exclude_action else ())]
+            )
+        _carry(tensordict, out, _tree)
     elif not exclude_action:
         for key in action_keys:
             value = tensordict.get(key, None)

@@ -170,7 +170,9 @@ class PoolError(AenvError, RuntimeError):
     envs returned, so nothing is lost.
     """
 
-    def __init__(self, message: str, *, errors: dict[int, BaseException], results: Any = None) -> None:
+    def __init__(
+        self, message: str, *, errors: dict[int, BaseException], results: Any = None
+    ) -> None:
         super().__init__(message)
         self.errors = errors
         self.results = results

@@ -13,13 +13,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import complete_done, mask_merge, pad_mask, reduce_mask, step_mdp, unravel
 from aenv.envs._specs import EnvSpecsMixin, default_reward_spec
-from aenv.specs import Composite
 from aenv.exceptions import (
     BatchSizeError,
     DoneAfterResetError,
     EnvClosedError,
     SpecViolationError,
 )
+from aenv.specs import Composite
 
 __all__ = ["EnvBase"]
 
@@ -283,7 +283,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         extra = self._extra_dims(input_td)
         for key, zero in self._reward_zero.items():
             if next_td.get(key, None) is None:
-                next_td.set(key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone())
+                next_td.set(
+                    key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone()
+                )
         zeros = self._done_zeros
         if extra:
             zeros = {p: z.expand(*extra, *z.shape) for p, z in zeros.items()}
@@ -300,7 +302,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             spec.assert_is_in(td)
 
     # ------------------------------------------------------------------ reset
-    async def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+    async def reset(
+        self, tensordict: TensorDictBase | None = None, **kwargs: Any
+    ) -> TensorDictBase:
         """Reset the env (or the parts flagged by ``"_reset"`` entries) and return the first
         tensordict of a rollout: observations, state and done flags.
 
@@ -426,12 +430,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         return tensordict, next_input
 
     def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
-        return step_mdp(
-            td,
-            reward_keys=self.reward_keys,
-            done_keys=self.done_keys,
-            action_keys=self.action_keys,
-        )
+        """``step_mdp`` with this env's keys (the exclusion tree is cached)."""
+        return step_mdp(td, reward_keys=self.reward_keys, _tree=self._mdp_tree)
 
     def _any_done_write_reset(self, td: TensorDictBase) -> bool:
         """Write ``"_reset"`` = done at each done level of ``td``; True if any is set."""
@@ -454,7 +454,11 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if tensordict is None:
             tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
         extra = self._extra_dims(tensordict)
-        tensordict.update(self.full_action_spec.rand(extra))
+        if extra:
+            tensordict.update(self.full_action_spec.rand(extra))
+        else:
+            for key, spec, _ in self._action_checks:
+                tensordict.set(key, spec.rand())
         return tensordict
 
     async def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
@@ -470,6 +474,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def fake_tensordict(self) -> TensorDictBase:
         """A zero-filled tensordict with every key a step produces, ``"next"`` included."""
+
         def part(container: Composite, name: str) -> TensorDictBase:
             return container[name].zero()
 

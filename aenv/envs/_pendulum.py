@@ -42,7 +42,9 @@ class PendulumEnv(EnvBase):
 
     _batch_locked = False
 
-    def __init__(self, td_params: TensorDictBase | None = None, seed: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, td_params: TensorDictBase | None = None, seed: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.td_params = td_params if td_params is not None else self.gen_params()
         self._make_specs(self.td_params)
@@ -98,25 +100,27 @@ class PendulumEnv(EnvBase):
         )
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        th = tensordict["th"]
-        thdot = tensordict["thdot"]
-        params = tensordict["params"]
-        g, m, length, dt = params["g"], params["m"], params["l"], params["dt"]
-        max_torque, max_speed = params["max_torque"], params["max_speed"]
-        u = tensordict["action"].squeeze(-1).clamp(-max_torque, max_torque)
-        angle = ((th + math.pi) % (2 * math.pi)) - math.pi
-        cost = angle.pow(2) + 0.1 * thdot.pow(2) + 0.001 * u.pow(2)
-        new_thdot = thdot + (3 * g / (2 * length) * th.sin() + 3.0 / (m * length**2) * u) * dt
+        th = tensordict.get("th")
+        thdot = tensordict.get("thdot")
+        params = tensordict.get("params")
+        g, m, length, dt = (params.get(k) for k in ("g", "m", "l", "dt"))
+        max_torque, max_speed = params.get("max_torque"), params.get("max_speed")
+        u = tensordict.get("action").squeeze(-1).clamp(-max_torque, max_torque)
+        angle = torch.remainder(th + math.pi, 2 * math.pi) - math.pi
+        cost = angle * angle
+        cost.addcmul_(thdot, thdot, value=0.1).addcmul_(u, u, value=0.001)
+        gravity = 1.5 * g / length * dt
+        torque = 3.0 / (m * length * length) * dt
+        new_thdot = torch.addcmul(thdot, gravity, th.sin()).addcmul_(torque, u)
         new_thdot = new_thdot.clamp(-max_speed, max_speed)
-        new_th = th + new_thdot * dt
-        new_th = ((new_th + math.pi) % (2 * math.pi)) - math.pi
+        new_th = torch.remainder(torch.addcmul(th, new_thdot, dt) + math.pi, 2 * math.pi) - math.pi
         done = torch.zeros((*tensordict.batch_size, 1), dtype=torch.bool)
         return TensorDict(
             {
                 "th": new_th,
                 "thdot": new_thdot,
                 "params": params,
-                "reward": (-cost).unsqueeze(-1),
+                "reward": cost.neg_().unsqueeze(-1),
                 "done": done,
                 "terminated": done.clone(),
             },

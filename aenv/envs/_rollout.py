@@ -35,15 +35,19 @@ async def call_policy(policy: Callable[..., Any], td: TensorDictBase) -> TensorD
 def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
     """Per batch element: is any done flag (at any level) set? Shape ``td.batch_size``."""
     out = torch.zeros(td.batch_size, dtype=torch.bool, device=td.device)
-    for key in env.done_keys:
-        if unravel(key)[-1] != "done":
-            continue
+    for key in env._done_flag_keys:
         flag = td.get(key, None)
-        if flag is None:
-            continue
-        flag = flag.reshape(*td.batch_size, -1).any(-1)
-        out = out | flag
+        if flag is not None:
+            out = out | flag.reshape(*td.batch_size, -1).any(-1)
     return out
+
+
+def _any_done(env: EnvBase, td: TensorDictBase) -> bool:
+    for key in env._done_flag_keys:
+        flag = td.get(key, None)
+        if flag is not None and flag.any():
+            return True
+    return False
 
 
 async def run_rollout(
@@ -90,7 +94,8 @@ async def run_rollout(
             td = td.to(device)
         if break_when_any_done or break_when_all_done:
             td = await env.step(td)
-            td.pop("_step", None)
+            if break_when_all_done:
+                td.pop("_step", None)
             steps.append(td)
             if callback is not None:
                 res = callback(env, td)
@@ -99,10 +104,10 @@ async def run_rollout(
             if i == max_steps - 1:
                 break
             td = env._step_mdp(td)
-            done = _done_mask(env, td)
-            if break_when_any_done and bool(done.any()):
-                break
-            if break_when_all_done and bool(done.all()):
+            if break_when_any_done:
+                if _any_done(env, td):
+                    break
+            elif bool(_done_mask(env, td).all()):
                 break
         else:
             td, nxt = await env.step_and_maybe_reset(td)
@@ -123,7 +128,7 @@ async def run_rollout(
                 last.set(key, torch.ones_like(last.get(key)))
     if return_contiguous:
         try:
-            out = torch.stack(steps, dim=batch_dims)
+            out: TensorDictBase = torch.stack(steps, dim=batch_dims)  # type: ignore[arg-type, assignment]
         except RuntimeError:
             out = LazyStackedTensorDict.lazy_stack(steps, dim=batch_dims)
     else:
@@ -133,5 +138,3 @@ async def run_rollout(
     except (RuntimeError, ValueError, NotImplementedError):
         pass
     return out
-
-

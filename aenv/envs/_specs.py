@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from aenv._mdp import NestedKey, done_groups, reset_keys_from_done_keys
+from aenv._mdp import NestedKey, done_groups, exclusion_tree, reset_keys_from_done_keys
 from aenv.exceptions import BatchSizeError
 from aenv.specs import Categorical, Composite, TensorSpec, Unbounded
 
@@ -23,6 +23,8 @@ _CACHED = (
     "_done_zeros",
     "_reward_zero",
     "_action_checks",
+    "_mdp_tree",
+    "_done_flag_keys",
 )
 
 
@@ -144,9 +146,11 @@ class EnvSpecsMixin:
             full["terminated"] = spec.clone()
             return
         for prefix, names in done_groups(leaves).items():
-            present = next(n for n in ("done", "terminated", "truncated") if n in names) if any(
-                n in names for n in ("done", "terminated", "truncated")
-            ) else None
+            present = (
+                next(n for n in ("done", "terminated", "truncated") if n in names)
+                if any(n in names for n in ("done", "terminated", "truncated"))
+                else None
+            )
             if present is None:
                 continue
             template = full[(*prefix, present)]
@@ -312,11 +316,28 @@ class EnvSpecsMixin:
             checks = []
             for key in self.action_keys:
                 spec = self.full_action_spec[key]
-                tensorlike = spec.dtype is not None and not type(spec).__name__.startswith("NonTensor")
+                tensorlike = spec.dtype is not None and not type(spec).__name__.startswith(
+                    "NonTensor"
+                )
                 checks.append((key, spec, tensorlike))
             return checks
 
         return self._cached("_action_checks", make)
+
+    @property
+    def _mdp_tree(self) -> dict[str, Any]:
+        return self._cached(
+            "_mdp_tree",
+            lambda: exclusion_tree(["next", *self.reward_keys, *self.done_keys, *self.action_keys]),
+        )
+
+    @property
+    def _done_flag_keys(self) -> list[NestedKey]:
+        """The ``"done"`` leaves (one per level): enough to tell whether anything is done."""
+        return self._cached(
+            "_done_flag_keys",
+            lambda: [k for k in self.done_keys if (k if isinstance(k, str) else k[-1]) == "done"],
+        )
 
     def _single_key(self, kind: str, keys: list[NestedKey]) -> NestedKey:
         if len(keys) != 1:
@@ -337,7 +358,6 @@ class EnvSpecsMixin:
     @property
     def done_key(self) -> NestedKey:
         return self._single_key("done", self.done_keys)
-
 
 
 def _leaf_keys(spec: Composite) -> list[NestedKey]:

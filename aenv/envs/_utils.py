@@ -45,7 +45,9 @@ class RandomPolicy:
         >>> td = policy(await env.reset())
     """
 
-    def __init__(self, action_spec: TensorSpec, action_key: str | tuple[str, ...] = "action") -> None:
+    def __init__(
+        self, action_spec: TensorSpec, action_key: str | tuple[str, ...] = "action"
+    ) -> None:
         self.action_spec = action_spec
         self.action_key = action_key
 
@@ -150,7 +152,10 @@ async def check_env_specs(
     if tensordict is not None:
         td0 = await env.reset(tensordict.clone())
         rollout = await env.rollout(
-            max_steps, tensordict=td0, auto_reset=False, return_contiguous=return_contiguous,
+            max_steps,
+            tensordict=td0,
+            auto_reset=False,
+            return_contiguous=return_contiguous,
             break_when_any_done=False,
         )
     else:
@@ -182,7 +187,9 @@ async def check_env_specs(
         elif check_dtype and a.dtype != b.dtype:
             problems.append(f"{key}: spec dtype {a.dtype}, rollout dtype {b.dtype}")
     if problems:
-        raise AssertionError("the env's outputs and its specs disagree:\n  " + "\n  ".join(problems))
+        raise AssertionError(
+            "the env's outputs and its specs disagree:\n  " + "\n  ".join(problems)
+        )
     for name in ("full_observation_spec", "full_done_spec"):
         spec = env.output_spec[name]
         if extra:
@@ -190,10 +197,14 @@ async def check_env_specs(
         for key in spec.keys(True, True):
             value = step0.get(("next", *unravel(key)))
             if isinstance(value, torch.Tensor) and not spec[key].is_in(value):
-                raise AssertionError(f"('next', {key!r}) = {value} is outside its spec {spec[key]!r}")
+                raise AssertionError(
+                    f"('next', {key!r}) = {value} is outside its spec {spec[key]!r}"
+                )
 
 
-def _dynamic_match(env: EnvBase, key: tuple[str, ...], spec_shape: torch.Size, shape: torch.Size) -> bool:
+def _dynamic_match(
+    env: EnvBase, key: tuple[str, ...], spec_shape: torch.Size, shape: torch.Size
+) -> bool:
     leaf = key[1:] if key[0] == "next" else key
     for name in ("full_observation_spec", "full_state_spec"):
         container = env.output_spec if name == "full_observation_spec" else env.input_spec

@@ -10,16 +10,7 @@ from __future__ import annotations
 
 from ._base import TensorSpec
 from ._composite import Composite, CompositeSpec, SpecKeys
-from ._discrete import (
-    Categorical,
-    DiscreteTensorSpec,
-    MultiCategorical,
-    MultiDiscreteTensorSpec,
-    MultiOneHot,
-    MultiOneHotDiscreteTensorSpec,
-    OneHot,
-    OneHotDiscreteTensorSpec,
-)
+from ._discrete import Categorical, DiscreteTensorSpec, OneHot, OneHotDiscreteTensorSpec
 from ._gym import from_gym_space, to_gym_space
 from ._leaves import (
     Binary,
@@ -32,7 +23,14 @@ from ._leaves import (
     UnboundedContinuousTensorSpec,
     UnboundedDiscreteTensorSpec,
 )
-from ._stacked import Stacked, StackedComposite, stack_specs
+from ._multi import (
+    MultiCategorical,
+    MultiDiscreteTensorSpec,
+    MultiOneHot,
+    MultiOneHotDiscreteTensorSpec,
+)
+from ._stacked import Stacked, StackedComposite
+from ._stacking import stack_specs
 from ._utils import make_composite_from_td
 
 __all__ = [

@@ -239,9 +239,12 @@ class TensorSpec:
         if out.device != (self.device or out.device):
             out = out.to(self.device)
         if not shape_matches(self.shape, out.shape):
-            if has_dynamic(self.shape):
-                raise SpecError(f"cannot project shape {tuple(out.shape)} onto {self.describe()}")
-            out = out.expand(self.shape) if out.ndim <= self.ndim else out.reshape(self.shape)
+            try:
+                out = out.expand(self.shape)
+            except RuntimeError as exc:
+                raise SpecError(
+                    f"cannot project a value of shape {tuple(out.shape)} onto {self.describe()}"
+                ) from exc
         return self._project(out)
 
     def _project(self, val: torch.Tensor) -> torch.Tensor:
@@ -444,7 +447,7 @@ class TensorSpec:
     ) -> Any:
         kwargs = kwargs or {}
         if func is torch.stack:
-            from ._stacked import stack_specs
+            from ._stacking import stack_specs
 
             return stack_specs(*args, **kwargs)
         return NotImplemented

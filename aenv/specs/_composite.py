@@ -6,11 +6,21 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from aenv.exceptions import LockedSpecError, SpecError, SpecViolationError
 
 from ._base import TensorSpec, describe_value
+from ._keys import (
+    _NO_DEFAULT,
+    NestedKey,
+    SpecKeys,
+    _default_is_leaf,
+    _get_value,
+    _is_key,
+    _new_td,
+    _norm_key,
+)
 from ._shape import (
     DEVICE_TYPING,
     has_dynamic,
@@ -22,50 +32,6 @@ from ._shape import (
 )
 
 __all__ = ["Composite", "CompositeSpec", "SpecKeys"]
-
-_NO_DEFAULT = object()
-NestedKey = Any  # str or tuple of str
-
-
-class SpecKeys(tuple):
-    """An immutable tuple of keys whose ``in`` also accepts 1-tuples and nested tuple keys."""
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, tuple) and len(key) == 1:
-            key = key[0]
-        return tuple.__contains__(self, key)
-
-
-def _norm_key(key: Any) -> str | tuple[str, ...]:
-    if isinstance(key, str):
-        return key
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key[0] if len(key) == 1 else key
-    raise SpecError(f"spec keys are str or non-empty tuples of str, got {key!r}")
-
-
-def _is_key(key: Any) -> bool:
-    return isinstance(key, str) or (
-        isinstance(key, tuple) and bool(key) and all(isinstance(k, str) for k in key)
-    )
-
-
-def _default_is_leaf(cls: type) -> bool:
-    return not issubclass(cls, Composite)
-
-
-def _get_value(val: Any, key: str) -> Any:
-    """``val[key]`` of a TensorDict or a mapping; heterogeneous stacks come back as lists."""
-    if isinstance(val, TensorDictBase):
-        try:
-            return val.get(key, _NO_DEFAULT)
-        except RuntimeError:
-            return val.get(key, as_list=True)
-    return val.get(key, _NO_DEFAULT) if isinstance(val, Mapping) else _NO_DEFAULT
-
-
-def _new_td(source: dict[str, Any], batch_size: torch.Size, device: Any) -> TensorDict:
-    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
 
 class Composite(TensorSpec):
@@ -173,7 +139,9 @@ class Composite(TensorSpec):
                 sub = Composite(shape=self.shape, device=self.device)
                 self._set_str(key[0], sub)
             elif not isinstance(sub, Composite):
-                raise SpecError(f"cannot set {key!r}: {key[0]!r} holds a leaf spec, not a Composite")
+                raise SpecError(
+                    f"cannot set {key!r}: {key[0]!r} holds a leaf spec, not a Composite"
+                )
             sub.set(key[1:], spec)
             self._cache.clear()
             return self
@@ -371,29 +339,46 @@ class Composite(TensorSpec):
         return out
 
     # ------------------------------------------------------------------ sampling
-    def _lazy_dim(self) -> int | None:
-        from ._stacked import Stacked, StackedComposite
+    def _plan(self) -> tuple[int | None, tuple[tuple[str, TensorSpec, bool], ...]]:
+        """(dim of a heterogeneous stack among the children or None, (key, child, direct))."""
+        plan = self._cache.get("plan")
+        if plan is None:
+            from ._stacked import Stacked, StackedComposite
 
-        for v in self._specs.values():
-            if isinstance(v, (Stacked, StackedComposite)) and v.stack_dim < self.ndim:
-                return v.stack_dim
-        return None
+            lazy = None
+            entries = []
+            for k, v in self._specs.items():
+                if isinstance(v, (Stacked, StackedComposite)) and v.stack_dim < self.ndim:
+                    lazy = v.stack_dim
+                direct = not isinstance(v, (Composite, Stacked)) and not has_dynamic(v.shape)
+                entries.append((k, v, direct))
+            plan = (lazy, tuple(entries))
+            if self._locked:
+                self._cache["plan"] = plan
+        return plan
 
     def _fill(self, method: str, shape: Any) -> TensorDictBase:
         if has_dynamic(self.shape):
             raise SpecError("cannot sample a Composite whose own shape has dynamic (-1) dims")
         extra = parse_shape(shape)
-        lazy = self._lazy_dim()
+        lazy, entries = self._plan()
         if lazy is not None:
             tds = [getattr(c, method)(extra) for c in self.unbind(lazy)]
             return LazyStackedTensorDict(*tds, stack_dim=len(extra) + lazy)
+        private = "_" + method
         source: dict[str, Any] = {}
-        for key, child in self._specs.items():
-            if isinstance(child, Composite) or has_dynamic(child.shape):
-                source[key] = getattr(child, method)(extra)
-            else:
-                source[key] = getattr(child, "_" + method)(extra + child.shape)
-        return _new_td(source, extra + self.shape, self.device)
+        if extra:
+            for key, child, direct in entries:
+                if direct:
+                    source[key] = getattr(child, private)(extra + child.shape)
+                else:
+                    source[key] = getattr(child, method)(extra)
+            return _new_td(source, extra + self.shape, self.device)
+        for key, child, direct in entries:
+            source[key] = (
+                getattr(child, private)(child.shape) if direct else getattr(child, method)()
+            )
+        return _new_td(source, self.shape, self.device)
 
     def rand(self, shape: Any = None) -> TensorDictBase:
         """A TensorDict of random values in the spec, batch size ``(*shape, *self.shape)``."""
@@ -523,7 +508,7 @@ class Composite(TensorSpec):
         out: Composite = self
         for d in reversed(dims):
             shape = out.shape[:d] + out.shape[d + 1 :]
-            out = out._map(shape, lambda s, d=d: s.squeeze(d))
+            out = out._map(shape, _squeezer(d))
         return out
 
     def unsqueeze(self, dim: int) -> Composite:
@@ -588,6 +573,10 @@ class Composite(TensorSpec):
     def describe(self) -> str:
         """A one-line description for messages."""
         return f"Composite(keys={list(self._specs)}, shape={tuple(self.shape)})"
+
+
+def _squeezer(dim: int) -> Callable[[TensorSpec], TensorSpec]:
+    return lambda s: s.squeeze(dim)
 
 
 CompositeSpec = Composite

@@ -16,8 +16,9 @@ from aenv.exceptions import SpecError
 
 from ._base import TensorSpec
 from ._composite import Composite
-from ._discrete import Categorical, MultiCategorical, MultiOneHot, OneHot
+from ._discrete import Categorical, OneHot
 from ._leaves import Binary, Bounded, NonTensor, Unbounded
+from ._multi import MultiCategorical, MultiOneHot
 from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
 
 __all__ = ["from_gym_space", "to_gym_space"]
@@ -59,11 +60,19 @@ def from_gym_space(
     if isinstance(space, spaces.Box):
         dtype = torch_dtype(space.dtype)
         low, high = np.asarray(space.low), np.asarray(space.high)
-        if np.issubdtype(low.dtype, np.floating) and np.isneginf(low).all() and np.isposinf(high).all():
+        if (
+            np.issubdtype(low.dtype, np.floating)
+            and np.isneginf(low).all()
+            and np.isposinf(high).all()
+        ):
             spec = Unbounded(shape=space.shape, device=device, dtype=dtype)
         else:
             spec = Bounded(
-                torch.as_tensor(low.copy()), torch.as_tensor(high.copy()), space.shape, device, dtype
+                torch.as_tensor(low.copy()),
+                torch.as_tensor(high.copy()),
+                space.shape,
+                device,
+                dtype,
             )
     elif isinstance(space, spaces.Discrete):
         dtype = torch_dtype(space.dtype)
@@ -75,7 +84,11 @@ def from_gym_space(
         if nvec.ndim != 1:
             raise SpecError(f"only 1-D MultiDiscrete spaces are supported, got nvec {nvec.shape}")
         dtype = torch_dtype(space.dtype)
-        spec = MultiCategorical(nvec, None, device, dtype) if cat else MultiOneHot(nvec, None, device, torch.int64)
+        spec = (
+            MultiCategorical(nvec, None, device, dtype)
+            if cat
+            else MultiOneHot(nvec, None, device, torch.int64)
+        )
         spec._meta.update(gym_start=np.asarray(space.start).tolist(), gym_dtype=space.dtype)
     elif isinstance(space, spaces.MultiBinary):
         shape = parse_shape(space.n)
@@ -127,7 +140,10 @@ def to_gym_space(spec: TensorSpec) -> Any:
         return spaces.Dict([(k, to_gym_space(v)) for k, v in spec.items()])
     if isinstance(spec, Bounded):
         return spaces.Box(
-            spec.low.cpu().numpy(), spec.high.cpu().numpy(), tuple(spec.shape), _np_dtype(spec.dtype)
+            spec.low.cpu().numpy(),
+            spec.high.cpu().numpy(),
+            tuple(spec.shape),
+            _np_dtype(spec.dtype),
         )
     if isinstance(spec, Unbounded):
         dtype = _np_dtype(spec.dtype)
@@ -145,11 +161,11 @@ def to_gym_space(spec: TensorSpec) -> Any:
             return spaces.Discrete(spec.n, start=start, dtype=gym_dtype)
         return spaces.MultiDiscrete(np.full(tuple(batch), spec.n), dtype=gym_dtype)
     if isinstance(spec, (MultiCategorical, MultiOneHot)):
-        batch = tuple(spec.shape[:-1])
+        lead = tuple(spec.shape[:-1])
         nvec = np.asarray(spec.nvec.tolist())
         start = meta.get("gym_start")
-        if batch:
-            nvec = np.broadcast_to(nvec, (*batch, len(nvec))).copy()
+        if lead:
+            nvec = np.broadcast_to(nvec, (*lead, len(nvec))).copy()
             start = None
         return spaces.MultiDiscrete(nvec, dtype=gym_dtype, start=start)
     if isinstance(spec, Binary):

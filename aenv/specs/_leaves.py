@@ -54,9 +54,7 @@ class Unbounded(TensorSpec):
 
     _kind = "unbounded"
 
-    def __init__(
-        self, shape: Any = (1,), device: DEVICE_TYPING = None, dtype: Any = None
-    ) -> None:
+    def __init__(self, shape: Any = (1,), device: DEVICE_TYPING = None, dtype: Any = None) -> None:
         dtype = torch.get_default_dtype() if dtype is None else torch_dtype(dtype)
         super().__init__(shape, device, dtype)
 

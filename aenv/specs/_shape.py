@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,8 +23,8 @@ __all__ = [
     "torch_dtype",
 ]
 
-SHAPE_TYPING = Union[int, Sequence[int], torch.Size]
-DEVICE_TYPING = Union[str, int, torch.device, None]
+SHAPE_TYPING = int | Sequence[int] | torch.Size
+DEVICE_TYPING = str | int | torch.device | None
 
 
 def parse_shape(shape: Any) -> torch.Size:

@@ -67,7 +67,7 @@ def make_composite_from_td(
             shape.append(1)
         if dynamic_shape:
             shape = shape[:nb] + [-1] * (len(shape) - nb)
-        out[key] = Unbounded(shape=shape, device=value.device, dtype=value.dtype)
+        out[key] = Unbounded(shape=shape, device=data.device, dtype=value.dtype)
     return out
 
 

@@ -107,15 +107,11 @@ class NestedCountingEnv(EnvBase):
         self.n_agents = n_agents
         agent_shape = (*bs, n_agents)
         self.observation_spec = Composite(
-            agents=Composite(
-                observation=Unbounded((*agent_shape, 1)), shape=agent_shape
-            ),
+            agents=Composite(observation=Unbounded((*agent_shape, 1)), shape=agent_shape),
             shape=bs,
         )
         self.action_spec = Composite(
-            agents=Composite(
-                action=Bounded(-1.0, 1.0, shape=(*agent_shape, 1)), shape=agent_shape
-            ),
+            agents=Composite(action=Bounded(-1.0, 1.0, shape=(*agent_shape, 1)), shape=agent_shape),
             shape=bs,
         )
         self.reward_spec = Composite(
@@ -139,7 +135,11 @@ class NestedCountingEnv(EnvBase):
     def _out(self, reward: bool) -> TensorDictBase:
         agent_done = self.count >= self.max_steps
         root_done = agent_done.all(-2)
-        agents = {"observation": self.count.clone(), "done": agent_done, "terminated": agent_done.clone()}
+        agents = {
+            "observation": self.count.clone(),
+            "done": agent_done,
+            "terminated": agent_done.clone(),
+        }
         if reward:
             agents["reward"] = torch.ones_like(self.count)
         return TensorDict(

@@ -63,7 +63,9 @@ class LatencyEnv(EnvBase):
         self.reset_latency = reset_latency
         self.obs_dim = obs_dim
         self._rng = np.random.default_rng(seed)
-        self.observation_spec = Composite(observation=Unbounded((obs_dim,)), latency=Unbounded((1,)))
+        self.observation_spec = Composite(
+            observation=Unbounded((obs_dim,)), latency=Unbounded((1,))
+        )
         self.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
         self.reward_spec = Unbounded((1,))
         self.full_done_spec = Composite(
@@ -253,7 +255,9 @@ class TextEnv(EnvBase):
     done after ``max_steps`` steps or when the action is ``stop_word``.
     """
 
-    def __init__(self, max_steps: int = 4, prompt: str = "hello", stop_word: str = "<stop>", **kwargs: Any) -> None:
+    def __init__(
+        self, max_steps: int = 4, prompt: str = "hello", stop_word: str = "<stop>", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.max_steps = max_steps
         self.prompt = prompt

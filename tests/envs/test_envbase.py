@@ -107,7 +107,9 @@ def test_done_spec_completion_and_default_reward():
             return TensorDict({"obs": torch.zeros(2, 1)}, [2])
 
         def _step(self, td):
-            return TensorDict({"obs": torch.ones(2, 1), "done": torch.tensor([[True], [False]])}, [2])
+            return TensorDict(
+                {"obs": torch.ones(2, 1), "done": torch.tensor([[True], [False]])}, [2]
+            )
 
         def _set_seed(self, seed):
             pass
@@ -379,7 +381,9 @@ async def test_rollout_auto_reset_continues():
 async def test_rollout_policies_module_callable_async():
     env = CountingEnv(max_steps=100)
     module = TensorDictModule(
-        lambda obs: torch.ones_like(obs, dtype=torch.int64), in_keys=["observation"], out_keys=["action"]
+        lambda obs: torch.ones_like(obs, dtype=torch.int64),
+        in_keys=["observation"],
+        out_keys=["action"],
     )
     r = await env.rollout(3, module)
     assert r["action"].eq(1).all()
@@ -395,7 +399,9 @@ async def test_rollout_policies_module_callable_async():
         return td
 
     calls = []
-    r = await env.rollout(3, remote, callback=lambda e, td: calls.append(td["next", "observation"].item()))
+    r = await env.rollout(
+        3, remote, callback=lambda e, td: calls.append(td["next", "observation"].item())
+    )
     assert r["action"].eq(1).all() and calls == [1.0, 2.0, 3.0]
 
 

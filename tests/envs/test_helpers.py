@@ -103,7 +103,9 @@ def test_terminated_or_truncated_writes_reset_per_level():
     td = TensorDict(
         {
             "done": torch.tensor([[False], [False]]),
-            "agents": TensorDict({"terminated": torch.tensor([[[True], [False]], [[False], [False]]])}, [2, 2]),
+            "agents": TensorDict(
+                {"terminated": torch.tensor([[[True], [False]], [[False], [False]]])}, [2, 2]
+            ),
         },
         [2],
     )
@@ -206,3 +208,25 @@ async def test_missing_implementation_is_clear():
     env = _NoImpl()
     with pytest.raises(NotImplementedError, match="_reset"):
         await env.reset()
+
+
+async def test_pendulum_dynamics_match_gymnasium():
+    import gymnasium as gym
+    import numpy as np
+
+    genv = gym.make("Pendulum-v1").unwrapped
+    genv.reset(seed=0)
+    env = PendulumEnv(seed=0)
+    td = await env.reset()
+    th, thdot = float(td["th"]), float(td["thdot"])
+    genv.state = np.array([th, thdot])
+    for u in [0.5, -2.0, 1.3]:
+        td["action"] = torch.tensor([u])
+        td = await env.step(td)
+        _, reward, *_ = genv.step(np.array([u], dtype=np.float32))
+        g_th, g_thdot = genv.state
+        wrapped = (g_th + np.pi) % (2 * np.pi) - np.pi
+        assert abs(float(td["next", "th"]) - wrapped) < 1e-4
+        assert abs(float(td["next", "thdot"]) - g_thdot) < 1e-4
+        assert abs(float(td["next", "reward"]) - reward) < 1e-3
+        td = env._step_mdp(td)

@@ -379,3 +379,33 @@ def test_binary_done_spec_pattern():
     td = done_spec.zero() | True
     assert td["done"].tolist() == [True]
     assert done_spec.is_in(td)
+
+
+def test_pickle_round_trip_keeps_lock_and_masks():
+    import pickle
+
+    import cloudpickle
+
+    spec = make_spec()
+    spec["mask_action"] = Categorical(3, (4,), mask=torch.tensor([True, False, True]))
+    spec.lock_()
+    spec.keys(True, True)  # fill the cache before pickling
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, pickle.loads)):
+        back = loads(dumps(spec))
+        assert back == spec and back.is_locked and back["next"].is_locked
+        assert back.keys(True, True) == spec.keys(True, True)
+        assert back.is_in(spec.rand())
+
+
+def test_zero_after_unlock_and_change_sees_new_key():
+    spec = make_spec().lock_()
+    assert "late" not in spec.zero().keys()
+    spec.unlock_()
+    spec["late"] = Unbounded((4,))
+    spec.lock_()
+    assert "late" in spec.zero().keys()
+
+
+def test_keys_contains_nested_and_one_tuple():
+    keys = make_spec().keys(True, True)
+    assert ("next", "reward") in keys and ("obs",) in keys and "next" not in keys

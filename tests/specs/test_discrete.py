@@ -237,7 +237,12 @@ class TestMultiOneHot:
 
     def test_project_enumerate(self):
         spec = MultiOneHot([2, 2])
-        assert spec.project(torch.tensor([0.0, 1.0, 3.0, 2.0])).tolist() == [False, True, True, False]
+        assert spec.project(torch.tensor([0.0, 1.0, 3.0, 2.0])).tolist() == [
+            False,
+            True,
+            True,
+            False,
+        ]
         assert spec.enumerate().shape == torch.Size([4, 4])
         assert spec.cardinality() == 4
         cat = spec.to_categorical(torch.tensor([False, True, True, False]))

@@ -34,7 +34,9 @@ class TestUnbounded:
         assert spec.shape == expected
         assert spec.rand().shape == expected
 
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool])
+    @pytest.mark.parametrize(
+        "dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool]
+    )
     def test_dtypes(self, dtype):
         spec = Unbounded((5,), dtype=dtype)
         val = spec.rand()
@@ -74,7 +76,9 @@ class TestUnbounded:
         spec = Unbounded((2, 2), dtype=torch.float64)
         out = spec.encode(np.arange(4))
         assert out.shape == torch.Size([2, 2]) and out.dtype == torch.float64
-        assert torch.equal(spec.encode([[1, 2], [3, 4]]), torch.tensor([[1.0, 2], [3, 4]], dtype=torch.float64))
+        assert torch.equal(
+            spec.encode([[1, 2], [3, 4]]), torch.tensor([[1.0, 2], [3, 4]], dtype=torch.float64)
+        )
         arr = spec.to_numpy(out)
         assert isinstance(arr, np.ndarray) and arr.dtype == np.float64
         with pytest.raises(SpecError):
