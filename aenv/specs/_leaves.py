@@ -175,16 +175,26 @@ class Bounded(TensorSpec):
         """Alias of :attr:`high`."""
         return self.high
 
+    def _bounds_finite(self) -> bool:
+        """Whether every bound is finite (cached against the bound tensors' identity)."""
+        key = (id(self.low), id(self.high))
+        cached = self.__dict__.get("_finite_cache")
+        if cached is None or cached[0] != key:
+            flag = bool((torch.isfinite(self.low) & torch.isfinite(self.high)).all())
+            self.__dict__["_finite_cache"] = cached = (key, flag)
+        return cached[1]
+
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         low, high = self.low, self.high
         if _is_float(self.dtype):
             u = torch.rand(shape, dtype=self.dtype, device=self.device)
+            if self._bounds_finite():
+                return torch.lerp(low, high, u).clamp_(low, high)
             out = low * (1 - u) + high * u
             lo_fin, hi_fin = torch.isfinite(low), torch.isfinite(high)
-            if not bool((lo_fin & hi_fin).all()):
-                n = torch.randn(shape, dtype=self.dtype, device=self.device)
-                half = torch.where(lo_fin, low + n.abs(), torch.where(hi_fin, high - n.abs(), n))
-                out = torch.where(lo_fin & hi_fin, out, half)
+            n = torch.randn(shape, dtype=self.dtype, device=self.device)
+            half = torch.where(lo_fin, low + n.abs(), torch.where(hi_fin, high - n.abs(), n))
+            out = torch.where(lo_fin & hi_fin, out, half)
             return torch.minimum(torch.maximum(out, low), high)
         u = torch.rand(shape, dtype=torch.float64, device=self.device)
         lo, hi = low.to(torch.float64), high.to(torch.float64)

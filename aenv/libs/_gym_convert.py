@@ -1,0 +1,175 @@
+"""Value converters between gymnasium's numpy world and aenv's tensors, one per spec.
+
+``from_numpy_fn(spec)`` and ``to_numpy_fn(spec)`` are built once (at an env's init) and called
+on every step, so they branch on the spec here and not on each value. They do no I/O.
+Discrete values carry gymnasium's ``start`` offset (kept in the spec's ``_meta`` by
+:func:`aenv.specs.from_gym_space`): aenv's values start at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+from aenv.specs import (
+    Binary,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    MultiOneHot,
+    NonTensor,
+    OneHot,
+    TensorSpec,
+)
+
+__all__ = ["from_numpy_fn", "np_dtype", "to_numpy_fn"]
+
+Converter = Callable[[Any], Any]
+
+
+def np_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _tensor_from(value: Any, dtype: np.dtype, shape: torch.Size) -> torch.Tensor:
+    """A tensor sharing ``value``'s memory when it is a fresh array of the right dtype."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.flags.writeable:
+        out = torch.from_numpy(value)
+    else:
+        out = torch.from_numpy(np.array(value, dtype=dtype))
+    if out.shape != shape:
+        out = out.reshape(shape)
+    return out
+
+
+def _start(spec: TensorSpec) -> Any:
+    start = spec._meta.get("gym_start", 0)
+    if isinstance(start, list):
+        start = np.asarray(start)
+        return start if start.any() else 0
+    return start
+
+
+def from_numpy_fn(spec: TensorSpec, device: torch.device | None = None) -> Converter:
+    """A function turning a gymnasium value (numpy, python scalars, dicts, tuples, strings)
+    into the tensor (or TensorDict / non-tensor data) ``spec`` describes."""
+    move = device is not None and device.type != "cpu"
+    conv = _from_numpy(spec)
+    if not move:
+        return conv
+    return lambda value: conv(value).to(device, non_blocking=True)
+
+
+def _from_numpy(spec: TensorSpec) -> Converter:
+    shape = spec.shape
+    if isinstance(spec, Composite):
+        subs = {k: _from_numpy(v) for k, v in spec.items()}
+        if spec._meta.get("gym_tuple"):
+            items = [(int(k), k, f) for k, f in subs.items()]
+            return lambda value: TensorDict(
+                {k: f(value[i]) for i, k, f in items}, batch_size=shape
+            )
+        return lambda value: TensorDict({k: f(value[k]) for k, f in subs.items()}, batch_size=shape)
+    if isinstance(spec, NonTensor):
+        if len(shape):
+            return lambda value: NonTensorStack.from_list([str(v) for v in value])
+        return lambda value: NonTensorData(data=value)
+    if isinstance(spec, OneHot):
+        n, start, dtype = spec.n, _start(spec), spec.dtype
+
+        def one_hot(value: Any) -> torch.Tensor:
+            idx = torch.as_tensor(np.asarray(value, dtype=np.int64) - start)
+            return torch.nn.functional.one_hot(idx, n).to(dtype)
+
+        return one_hot
+    if isinstance(spec, MultiOneHot):
+        nvec, start, dtype = spec.nvec.tolist(), _start(spec), spec.dtype
+
+        def multi_one_hot(value: Any) -> torch.Tensor:
+            idx = torch.as_tensor(np.asarray(value, dtype=np.int64) - start)
+            parts = [torch.nn.functional.one_hot(idx[..., j], n) for j, n in enumerate(nvec)]
+            return torch.cat(parts, -1).to(dtype)
+
+        return multi_one_hot
+    dtype = np_dtype(spec.dtype)
+    if isinstance(spec, (Categorical, MultiCategorical)):
+        start = _start(spec)
+        if not isinstance(start, np.ndarray) and start == 0:
+            return lambda value: _tensor_from(value, dtype, shape)
+        return lambda value: _tensor_from(np.asarray(value) - start, dtype, shape)
+    return lambda value: _tensor_from(value, dtype, shape)
+
+
+def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
+    """A function turning a tensor of ``spec`` into the value gymnasium expects.
+
+    ``space`` (optional) is the gymnasium space the value goes to: a scalar ``Discrete``
+    gets a python int, a ``Box`` an array of the space's dtype.
+    """
+    if isinstance(spec, Composite):
+        subs = {k: to_numpy_fn(v, _sub_space(space, k)) for k, v in spec.items()}
+        if spec._meta.get("gym_tuple"):
+            return lambda td: tuple(subs[str(i)](td.get(str(i))) for i in range(len(subs)))
+        return lambda td: {k: f(td.get(k)) for k, f in subs.items()}
+    if isinstance(spec, NonTensor):
+        return _non_tensor_to_python
+    if isinstance(spec, OneHot):
+        start = _start(spec)
+        if spec.ndim == 1:
+            gym_dtype = np.dtype(spec._meta.get("gym_dtype", np.int64))
+            return lambda t: gym_dtype.type(t.tolist().index(1) + start)
+        return lambda t: t.argmax(-1).cpu().numpy() + start
+    if isinstance(spec, MultiOneHot):
+        nvec, start = spec.nvec.tolist(), _start(spec)
+
+        def multi_one_hot(t: torch.Tensor) -> np.ndarray:
+            parts = t.split(nvec, -1)
+            idx = torch.stack([p.argmax(-1) for p in parts], -1)
+            return idx.cpu().numpy() + start
+
+        return multi_one_hot
+    if isinstance(spec, Categorical) and spec.ndim == 0:
+        start = _start(spec)
+        gym_dtype = np.dtype(spec._meta.get("gym_dtype", np.int64))
+        return lambda t: gym_dtype.type(t.item() + start)
+    if isinstance(spec, (Categorical, MultiCategorical)):
+        start = _start(spec)
+        if isinstance(start, np.ndarray) or start != 0:
+            return lambda t: t.cpu().numpy() + start
+        return _plain_numpy
+    if isinstance(spec, Binary):
+        target = np.dtype(getattr(space, "dtype", np.int8) or np.int8)
+        return lambda t: t.cpu().numpy().astype(target, copy=False)
+    target = getattr(space, "dtype", None)
+    if target is not None and np.dtype(target) != np_dtype(spec.dtype):
+        return lambda t: t.detach().cpu().numpy().astype(target)
+    return _plain_numpy
+
+
+def _plain_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _non_tensor_to_python(value: Any) -> Any:
+    if isinstance(value, NonTensorStack):
+        return value.tolist()
+    if isinstance(value, NonTensorData):
+        return value.data
+    return value
+
+
+def _sub_space(space: Any, key: str) -> Any:
+    if space is None:
+        return None
+    sub = getattr(space, "spaces", None)
+    if sub is None:
+        return None
+    try:
+        return sub[key] if isinstance(sub, dict) else sub[int(key)]
+    except (KeyError, IndexError, ValueError):
+        return None
