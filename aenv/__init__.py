@@ -36,6 +36,18 @@ from aenv.exceptions import (
     StepTimeoutError,
     WorkerCrashedError,
 )
+from aenv.libs.gym import (
+    BaseInfoDictReader,
+    DefaultInfoDictReader,
+    GymEnv,
+    GymLikeEnv,
+    GymWrapper,
+    default_info_dict_reader,
+    gym_backend,
+    set_gym_backend,
+    to_gymnasium,
+    to_gymnasium_vector,
+)
 from aenv.specs import (
     Binary,
     Bounded,
@@ -56,6 +68,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AenvError",
+    "BaseInfoDictReader",
+    "DefaultInfoDictReader",
+    "GymEnv",
+    "GymLikeEnv",
+    "GymWrapper",
+    "default_info_dict_reader",
+    "gym_backend",
+    "set_gym_backend",
+    "to_gymnasium",
+    "to_gymnasium_vector",
     "BatchSizeError",
     "Binary",
     "Bounded",

@@ -221,6 +221,12 @@ def step_mdp(
         tensor([1.])
     """
     nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
+    for value in nxt.values():
+        if isinstance(value, TensorDictBase):
+            # nested containers must not be shared with "next": a later reset updates the
+            # new root in place, which would rewrite the stepped data
+            nxt = nxt.clone(False)
+            break
     if exclude_reward:
         out = nxt.exclude(*reward_keys, *(done_keys if exclude_done else ()))
     elif exclude_done:

@@ -173,9 +173,7 @@ class GymLikeEnv(EnvBase):
             shape=bs,
             device=dev,
         )
-        self._obs_readers = {
-            k: from_numpy_fn(v, dev) for k, v in observation_spec.items()
-        }
+        self._obs_readers = {k: from_numpy_fn(v, dev) for k, v in observation_spec.items()}
         self._action_writer = to_numpy_fn(self.full_action_spec["action"], action_space)
         self._info_readers: list[BaseInfoDictReader] = []
         self._flag_shape = (*bs, 1)
@@ -227,14 +225,18 @@ class GymLikeEnv(EnvBase):
             obs, reward, terminated, truncated, info = step_outputs
             return obs, reward, terminated, truncated, None, info
         obs, reward, done, info = step_outputs
-        truncated = bool(info.get("TimeLimit.truncated", False)) if isinstance(info, dict) else False
+        truncated = (
+            bool(info.get("TimeLimit.truncated", False)) if isinstance(info, dict) else False
+        )
         terminated = np.logical_and(done, not truncated)
         return obs, reward, terminated, truncated, done, info
 
     def _reset_output_transform(self, reset_outputs: Any) -> tuple[Any, dict[str, Any]]:
         """Normalize the backend's reset output to ``(obs, info)``."""
-        if isinstance(reset_outputs, tuple) and len(reset_outputs) == 2 and isinstance(
-            reset_outputs[1], dict
+        if (
+            isinstance(reset_outputs, tuple)
+            and len(reset_outputs) == 2
+            and isinstance(reset_outputs[1], dict)
         ):
             return reset_outputs
         return reset_outputs, {}

@@ -52,7 +52,7 @@ def gym_backend(submodule: str | None = None) -> ModuleType:
     return importlib.import_module(f"{module.__name__}.{submodule}")
 
 
-class set_gym_backend:  # noqa: N801 - TorchRL's name; used as a function and a decorator
+class set_gym_backend:
     """Use ``backend`` (a module or its name: ``"gymnasium"``, ``"gym"``) as the gym library,
     as a context manager or a function decorator.
 

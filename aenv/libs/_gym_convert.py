@@ -71,13 +71,11 @@ def _from_numpy(spec: TensorSpec) -> Converter:
         subs = {k: _from_numpy(v) for k, v in spec.items()}
         if spec._meta.get("gym_tuple"):
             items = [(int(k), k, f) for k, f in subs.items()]
-            return lambda value: TensorDict(
-                {k: f(value[i]) for i, k, f in items}, batch_size=shape
-            )
+            return lambda value: TensorDict({k: f(value[i]) for i, k, f in items}, batch_size=shape)
         return lambda value: TensorDict({k: f(value[k]) for k, f in subs.items()}, batch_size=shape)
     if isinstance(spec, NonTensor):
         if len(shape):
-            return lambda value: NonTensorStack.from_list([str(v) for v in value])
+            return lambda value: NonTensorStack.from_list([str(v) for v in value])  # type: ignore[misc]
         return lambda value: NonTensorData(data=value)
     if isinstance(spec, OneHot):
         n, start, dtype = spec.n, _start(spec), spec.dtype
@@ -145,9 +143,9 @@ def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
     if isinstance(spec, Binary):
         target = np.dtype(getattr(space, "dtype", np.int8) or np.int8)
         return lambda t: t.cpu().numpy().astype(target, copy=False)
-    target = getattr(space, "dtype", None)
-    if target is not None and np.dtype(target) != np_dtype(spec.dtype):
-        return lambda t: t.detach().cpu().numpy().astype(target)
+    box_dtype = getattr(space, "dtype", None)
+    if box_dtype is not None and np.dtype(box_dtype) != np_dtype(spec.dtype):
+        return lambda t: t.detach().cpu().numpy().astype(box_dtype)
     return _plain_numpy
 
 

@@ -230,3 +230,12 @@ async def test_pendulum_dynamics_match_gymnasium():
         assert abs(float(td["next", "thdot"]) - g_thdot) < 1e-4
         assert abs(float(td["next", "reward"]) - reward) < 1e-3
         td = env._step_mdp(td)
+
+
+def test_step_mdp_does_not_share_nested_containers():
+    td = TensorDict(
+        {"obs": torch.zeros(1), "next": {"obs": torch.ones(1), "ep": {"r": torch.ones(1)}}}, []
+    )
+    out = step_mdp(td)
+    out.update(TensorDict({"ep": {"r": torch.zeros(1)}}, []))
+    assert td["next", "ep", "r"].item() == 1.0

@@ -1,0 +1,387 @@
+"""GymWrapper / GymEnv: gymnasium envs (single or vector) as aenv envs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv.envs._gymlike import GymLikeEnv
+from aenv.exceptions import BatchSizeError
+from aenv.libs._gym_backend import gym_backend, to_gymnasium_space
+from aenv.libs._gym_convert import from_numpy_fn
+from aenv.libs._gym_vector import VectorAutoreset, normalize_autoreset_mode
+from aenv.specs import Bounded, Composite, TensorSpec, from_gym_space
+
+__all__ = ["GymEnv", "GymWrapper"]
+
+_WRAPPER_KWARGS = frozenset(
+    {
+        "categorical_action_encoding",
+        "from_pixels",
+        "pixels_only",
+        "frame_skip",
+        "device",
+        "batch_size",
+        "auto_reset",
+        "auto_reset_replace",
+        "blocking",
+        "allow_done_after_reset",
+        "run_type_checks",
+        "spec_locked",
+    }
+)
+
+
+def _is_vector(env: Any) -> bool:
+    return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
+
+
+def _placeholder(spec: TensorSpec) -> Any:
+    """What replaces a lost last observation: NaN for floats, zeros otherwise."""
+    zero = spec.zero()
+    if isinstance(zero, torch.Tensor) and zero.dtype.is_floating_point:
+        return torch.full_like(zero, float("nan"))
+    return zero
+
+
+class GymWrapper(GymLikeEnv):
+    """A gymnasium env instance (``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv``) as an
+    aenv env.
+
+    Specs come from the spaces (:func:`aenv.specs.from_gym_space`): a non-dict observation is
+    ``"observation"``, a Dict observation keeps its keys; the action is ``"action"``;
+    ``terminated`` / ``truncated`` map to the done keys (``done`` is their union). Seeding:
+    ``await env.reset(seed=s)`` or ``await env.set_seed(s)`` (used by the next reset).
+
+    A vector env becomes one env of batch size ``(num_envs,)``; its autoreset mode is mapped
+    onto aenv's done/reset semantics (see :mod:`aenv.libs._gym_vector`).
+
+    Args:
+        env: the gymnasium env.
+        categorical_action_encoding: Discrete spaces as ``Categorical`` (indices) instead of
+            ``OneHot`` (observations and actions alike).
+        from_pixels: add ``"pixels"`` from ``env.render()`` (needs ``render_mode="rgb_array"``).
+        pixels_only: with ``from_pixels``, keep only ``"pixels"``.
+        frame_skip: repeat each action this many times (rewards summed; stops at done).
+        device: device of the output tensors.
+        batch_size: checked against the env's (``(num_envs,)`` for vector envs, else ``()``).
+        auto_reset: the env resets itself on the step that ends an episode (returning the
+            next episode's first observation): the step's observation becomes
+            ``info["final_obs"]`` (or a NaN / zero placeholder with ``auto_reset_replace``)
+            and the first observation is returned by the next reset.
+        auto_reset_replace: see ``auto_reset``.
+        blocking: run gymnasium's (synchronous) calls in a worker thread instead of inline.
+        allow_done_after_reset, run_type_checks, spec_locked: see :class:`~aenv.EnvBase`.
+
+    Example:
+        >>> import gymnasium
+        >>> env = GymWrapper(gymnasium.make("CartPole-v1"))
+        >>> td = await env.reset(seed=0)
+        >>> td = await env.rand_step(td)
+        >>> td["next", "observation"].shape
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        env: Any = None,
+        *,
+        categorical_action_encoding: bool = False,
+        from_pixels: bool = False,
+        pixels_only: bool = False,
+        frame_skip: int = 1,
+        device: torch.device | str | int | None = None,
+        batch_size: torch.Size | tuple[int, ...] | None = None,
+        auto_reset: bool = False,
+        auto_reset_replace: bool = True,
+        blocking: bool = False,
+        allow_done_after_reset: bool = False,
+        run_type_checks: bool = False,
+        spec_locked: bool = True,
+    ) -> None:
+        if env is None:
+            raise TypeError("GymWrapper needs an env instance (use GymEnv to build one by id)")
+        vector = _is_vector(env)
+        env_bs = torch.Size([env.num_envs] if vector else [])
+        if batch_size is not None and torch.Size(batch_size) != env_bs:
+            raise BatchSizeError(
+                f"batch_size {tuple(batch_size)} does not match the gymnasium env's {tuple(env_bs)}"
+            )
+        if frame_skip < 1:
+            raise ValueError(f"frame_skip must be >= 1, got {frame_skip}")
+        if vector and (frame_skip != 1 or auto_reset):
+            raise ValueError("frame_skip and auto_reset are not supported for vector envs")
+        if pixels_only and not from_pixels:
+            raise ValueError("pixels_only=True needs from_pixels=True")
+        super().__init__(
+            device=device,
+            batch_size=env_bs,
+            run_type_checks=run_type_checks,
+            allow_done_after_reset=allow_done_after_reset,
+            spec_locked=spec_locked,
+        )
+        self._env = env
+        self.blocking = blocking  # type: ignore[misc]
+        self.frame_skip = frame_skip
+        self.from_pixels = from_pixels
+        self.pixels_only = pixels_only
+        self.auto_reset = auto_reset
+        self.auto_reset_replace = auto_reset_replace
+        self.categorical_action_encoding = categorical_action_encoding
+        self._vector = VectorAutoreset(env, env.num_envs) if vector else None
+        self._pending_seed: int | None = None
+        self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
+        self._build_specs()
+
+    # ------------------------------------------------------------------ specs
+    def _spaces(self) -> tuple[Any, Any, Any]:
+        env = self._env
+        if self._vector is not None:
+            obs_space, act_space = env.single_observation_space, env.single_action_space
+        else:
+            obs_space, act_space = env.observation_space, env.action_space
+        return to_gymnasium_space(obs_space), to_gymnasium_space(act_space), env.action_space
+
+    def _build_specs(self) -> None:
+        bs, dev = self.batch_size, self._device
+        cat = self.categorical_action_encoding
+        obs_space, act_space, batched_act_space = self._spaces()
+        obs: dict[str, TensorSpec] = {}
+        if not self.pixels_only:
+            spec = from_gym_space(
+                obs_space, device=dev, categorical_action_encoding=cat, batch_size=bs
+            )
+            if isinstance(spec, Composite) and not spec._meta.get("gym_tuple"):
+                obs.update({("observation" if k == "state" else k): v for k, v in spec.items()})
+            else:
+                obs["observation"] = spec
+        if self.from_pixels:
+            frame = self._probe_render()
+            obs["pixels"] = Bounded(0, 255, frame.shape, dev, torch.uint8)
+        action = from_gym_space(
+            act_space, device=dev, categorical_action_encoding=cat, batch_size=bs
+        )
+        self._init_gym_specs(
+            Composite(obs, shape=bs, device=dev),
+            action,
+            action_space=batched_act_space if self._vector is not None else act_space,
+        )
+        if self.from_pixels:
+            self._pixels_reader = from_numpy_fn(self.full_observation_spec["pixels"], dev)
+        # a lean path for the common case: one env, one observation key, nothing extra
+        self._fast = (
+            self._vector is None
+            and self.frame_skip == 1
+            and not self.from_pixels
+            and not self.auto_reset
+            and list(obs) == ["observation"]
+        )
+
+    def _render(self) -> np.ndarray:
+        frames = self._env.render()
+        if self._vector is not None:
+            return np.stack(frames)
+        return np.asarray(frames)
+
+    def _probe_render(self) -> np.ndarray:
+        if getattr(self._env, "render_mode", None) not in (None, "rgb_array"):
+            raise ValueError(
+                f"from_pixels needs render_mode='rgb_array', got {self._env.render_mode!r}"
+            )
+        self._env.reset()
+        frame = self._render()
+        if frame is None or frame.dtype != np.uint8 or frame.ndim < 3:
+            raise ValueError(
+                "from_pixels needs an env made with render_mode='rgb_array' whose render() "
+                f"returns uint8 frames; render() gave {type(frame).__name__}"
+            )
+        return frame
+
+    def read_obs(self, observations: Any) -> dict[str, Any]:
+        if self.pixels_only:
+            out: dict[str, Any] = {}
+        else:
+            out = super().read_obs(observations)
+        if self.from_pixels:
+            out["pixels"] = self._pixels_reader(self._render())
+        return out
+
+    # ------------------------------------------------------------------ env methods
+    def _set_seed(self, seed: int | None) -> None:
+        self._pending_seed = seed
+        if seed is not None:
+            self._env.action_space.seed(seed)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self._fast:
+            obs, reward, terminated, truncated, info = self._env.step(
+                self._action_writer(tensordict.get("action"))
+            )
+            term = np.array((terminated,))
+            trunc = np.array((truncated,))
+            fields = {
+                "observation": self._obs_readers["observation"](obs),
+                "reward": torch.from_numpy(np.array((reward,), dtype=np.float32)),
+                "terminated": torch.from_numpy(term),
+                "truncated": torch.from_numpy(trunc),
+                "done": torch.from_numpy(term | trunc),
+            }
+            td = TensorDict(fields, batch_size=self.batch_size, device=self._device)
+            if self._info_readers:
+                self._read_infos(info, td)
+            return td
+        if self._vector is not None:
+            return self._vector_step(tensordict)
+        td = super()._step(tensordict)
+        if self.auto_reset and bool(td.get("done").any()):
+            self._auto_reset_stash(td)
+        return td
+
+    def _auto_reset_stash(self, td: TensorDictBase) -> None:
+        # the env already started its next episode: keep that start for the next reset and
+        # put the episode's last observation (or a placeholder) in the step's output
+        info = self._last_info
+        self._stash = (self._last_obs, info)
+        final = (
+            info.get("final_obs", info.get("final_observation")) if isinstance(info, dict) else None
+        )
+        if final is not None:
+            for key, value in self.read_obs(final).items():
+                td.set(key, value)
+        elif self.auto_reset_replace:
+            for key in self.full_observation_spec.keys():
+                if key in self._obs_readers:
+                    td.set(key, _placeholder(self.full_observation_spec[key]))
+
+    def _output_transform(self, step_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        out = super()._output_transform(step_outputs)
+        if self.auto_reset:
+            self._last_obs, self._last_info = out[0], out[5]
+        return out
+
+    def _vector_step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        vec = self._vector
+        assert vec is not None
+        vec.before_step(tensordict)
+        action = self.read_action(tensordict.get("action"))
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        obs = vec.after_step(obs, terminated, truncated, info)
+        out = self.read_obs(obs)
+        out["reward"] = self.read_reward(reward)
+        term, trunc, done, _ = self.read_done(terminated, truncated)
+        out["terminated"], out["truncated"], out["done"] = term, trunc, done
+        td = self._make_td(out)
+        if self._info_readers:
+            self._read_infos(info, td)
+        return td
+
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        seed = kwargs.pop("seed", None)
+        if seed is None:
+            seed = self._pending_seed
+        self._pending_seed = None
+        options = kwargs.pop("options", None)
+        if kwargs:
+            raise TypeError(f"unexpected reset arguments {sorted(kwargs)}")
+        partial = tensordict is not None and tensordict.get("_reset", None) is not None
+        if self._vector is not None:
+            mask = None
+            if partial:
+                assert tensordict is not None
+                m = tensordict.get("_reset").reshape(self.batch_size).cpu().numpy()
+                mask = None if m.all() and seed is not None else m.astype(np.bool_)
+            obs, info = self._vector.reset(mask, seed=seed, options=options)
+        elif self.auto_reset and self._stash is not None and seed is None:
+            obs, info = self._stash
+            self._stash = None
+        else:
+            self._stash = None
+            reset_kw: dict[str, Any] = {}
+            if seed is not None:
+                reset_kw["seed"] = seed
+            if options is not None:
+                reset_kw["options"] = options
+            obs, info = self._reset_output_transform(self._env.reset(**reset_kw))
+        td = self._make_td(self.read_obs(obs))
+        if self._info_readers:
+            self._read_infos(info, td)
+        return td
+
+    async def _aclose(self) -> None:
+        self._env.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(env={self._env!r}, batch_size={tuple(self.batch_size)})"
+
+
+class GymEnv(GymWrapper):
+    """A gymnasium env built from its id: ``gymnasium.make(env_name, **kwargs)``, or
+    ``gymnasium.make_vec`` when ``num_envs`` is given.
+
+    Keyword arguments of :class:`GymWrapper` are the wrapper's; the others go to ``make``
+    (``render_mode`` defaults to ``"rgb_array"`` with ``from_pixels``).
+
+    Args:
+        env_name: the registered id, e.g. ``"CartPole-v1"``.
+        num_envs: build a vector env of that many sub-envs (batch size ``(num_envs,)``).
+        vectorization_mode: ``"sync"`` or ``"async"`` (``make_vec``'s; with ``num_envs``).
+        autoreset_mode: the vector env's autoreset mode (``"next_step"``, ``"same_step"``,
+            ``"disabled"``; with ``num_envs``).
+        **kwargs: :class:`GymWrapper` options and ``make`` arguments.
+
+    Example:
+        >>> env = GymEnv("Pendulum-v1", g=9.81)
+        >>> rollout = await env.rollout(10)
+        >>> rollout["next", "reward"].shape
+        torch.Size([10, 1])
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        *,
+        num_envs: int | None = None,
+        vectorization_mode: str = "sync",
+        autoreset_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        wrapper_kwargs = {k: v for k, v in kwargs.items() if k in _WRAPPER_KWARGS}
+        make_kwargs = {k: v for k, v in kwargs.items() if k not in _WRAPPER_KWARGS}
+        if wrapper_kwargs.get("from_pixels"):
+            make_kwargs.setdefault("render_mode", "rgb_array")
+        gym = gym_backend()
+        self.env_name = env_name
+        if num_envs is not None:
+            vector_kwargs = dict(make_kwargs.pop("vector_kwargs", {}) or {})
+            if autoreset_mode is not None:
+                name = normalize_autoreset_mode(autoreset_mode)
+                vector_kwargs["autoreset_mode"] = {
+                    "next_step": gym.vector.AutoresetMode.NEXT_STEP,
+                    "same_step": gym.vector.AutoresetMode.SAME_STEP,
+                    "disabled": gym.vector.AutoresetMode.DISABLED,
+                }[name]
+            env = gym.make_vec(
+                env_name,
+                num_envs=num_envs,
+                vectorization_mode=vectorization_mode,
+                vector_kwargs=vector_kwargs,
+                **make_kwargs,
+            )
+        else:
+            if autoreset_mode is not None:
+                raise ValueError("autoreset_mode needs num_envs (a vector env)")
+            env = gym.make(env_name, **make_kwargs)
+        try:
+            super().__init__(env, **wrapper_kwargs)
+        except BaseException:
+            env.close()
+            raise
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(env_name={self.env_name!r}, "
+            f"batch_size={tuple(self.batch_size)}, device={self.device})"
+        )

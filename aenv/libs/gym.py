@@ -1,0 +1,39 @@
+"""Gymnasium in both directions: gymnasium envs as aenv envs, aenv envs as gymnasium envs.
+
+* :class:`GymEnv` / :class:`GymWrapper`: a gymnasium env (single or vector) as an aenv env.
+* :func:`to_gymnasium` / :func:`to_gymnasium_vector`: an aenv env as a ``gymnasium.Env`` /
+  ``gymnasium.vector.VectorEnv`` driven through aenv's loop runner.
+* :func:`set_gym_backend` / :func:`gym_backend`: gymnasium (default) or the legacy ``gym``.
+"""
+
+from __future__ import annotations
+
+from aenv.envs._gymlike import (
+    BaseInfoDictReader,
+    DefaultInfoDictReader,
+    GymLikeEnv,
+    default_info_dict_reader,
+)
+from aenv.libs._gym_backend import gym_backend, set_gym_backend
+from aenv.libs._gym_env import GymEnv, GymWrapper
+from aenv.libs._to_gymnasium import (
+    AenvGymnasiumEnv,
+    AenvGymnasiumVectorEnv,
+    to_gymnasium,
+    to_gymnasium_vector,
+)
+
+__all__ = [
+    "AenvGymnasiumEnv",
+    "AenvGymnasiumVectorEnv",
+    "BaseInfoDictReader",
+    "DefaultInfoDictReader",
+    "GymEnv",
+    "GymLikeEnv",
+    "GymWrapper",
+    "default_info_dict_reader",
+    "gym_backend",
+    "set_gym_backend",
+    "to_gymnasium",
+    "to_gymnasium_vector",
+]

@@ -1,0 +1,138 @@
+"""GymEnv CartPole-v1 rollout: aenv vs TorchRL ``GymEnv`` vs a raw gymnasium loop, same run.
+
+aenv: ``await GymEnv("CartPole-v1").rollout(steps, break_when_any_done=False)`` (random actions,
+episodes reset inside the rollout), also with a torch policy (one TensorDict per step) and
+through EnvBase's generic rollout loop for reference. TorchRL's ``GymEnv`` and the raw loop
+run in TorchRL's venv (``benchmarks/peers/torchrl_gymenv_cartpole.py``); the raw loop is also
+timed here, and aenv's overhead per step is measured against it.
+
+Run: ``python benchmarks/bench_gym.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import anyio  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks._common import best_of, print_table  # noqa: E402
+
+PEER = "torchrl_gymenv_cartpole"
+
+
+def _peer(steps: int, repeats: int, quick: bool) -> dict[str, Any]:
+    try:
+        from benchmarks._peers import run_peer  # type: ignore[import-not-found]
+    except ImportError:
+        run_peer = None
+    if run_peer is not None:
+        return run_peer(PEER, steps=steps, repeats=repeats, quick=quick)  # type: ignore[no-any-return]
+    python = ROOT / "benchmarks" / "_venvs" / "torchrl" / "bin" / "python"
+    script = ROOT / "benchmarks" / "peers" / f"{PEER}.py"
+    params = json.dumps({"steps": steps, "repeats": repeats, "quick": quick})
+    out = subprocess.run(
+        [str(python), str(script), params], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _raw_rate(steps: int, repeats: int) -> float:
+    import gymnasium as gym
+
+    raw = gym.make("CartPole-v1")
+    actions = np.random.default_rng(0).integers(0, 2, size=steps).tolist()
+
+    def loop() -> None:
+        raw.reset(seed=0)
+        for a in actions:
+            _, _, terminated, truncated, _ = raw.step(a)
+            if terminated or truncated:
+                raw.reset()
+
+    return steps / best_of(loop, repeats=repeats, warmup=1)
+
+
+async def _aenv_rates(steps: int, repeats: int) -> dict[str, float]:
+    from aenv import EnvBase
+    from aenv.libs.gym import GymEnv
+
+    env = GymEnv("CartPole-v1")
+    await env.set_seed(0)
+
+    def policy(td: Any) -> Any:
+        idx = (td.get("observation")[2] > 0).long()
+        td.set("action", torch.nn.functional.one_hot(idx, 2))
+        return td
+
+    async def timed(fn: Any) -> float:
+        await fn(min(steps, 500))
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = await fn(steps)
+            best = min(best, time.perf_counter() - t0)
+            assert out.batch_size == (steps,)
+        return steps / best
+
+    rates = {
+        "random": await timed(lambda n: env.rollout(n, break_when_any_done=False)),
+        "policy": await timed(lambda n: env.rollout(n, policy, break_when_any_done=False)),
+        "generic": await timed(lambda n: EnvBase.rollout(env, n, break_when_any_done=False)),
+    }
+    await env.aclose()
+    return rates
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    torch.set_num_threads(1)
+    steps, repeats = (1000, 1) if quick else (10_000, 3)
+    peer = _peer(steps, repeats, quick)
+    ours = anyio.run(_aenv_rates, steps, repeats)
+    raw = _raw_rate(steps, repeats)
+    torchrl = float(peer["torchrl_gymenv_steps_per_s"])
+    raw_peer = float(peer["raw_gymnasium_steps_per_s"])
+    rows: list[dict[str, Any]] = []
+    variants = [
+        ("aenv GymEnv.rollout (random actions)", ours["random"]),
+        ("aenv GymEnv.rollout (torch policy)", ours["policy"]),
+        ("aenv EnvBase generic rollout", ours["generic"]),
+        ("TorchRL GymEnv.rollout", torchrl),
+        ("raw gymnasium loop (aenv venv)", raw),
+        ("raw gymnasium loop (TorchRL venv)", raw_peer),
+    ]
+    for name, rate in variants:
+        rows.append(
+            {
+                "benchmark": "gym_cartpole",
+                "variant": name,
+                "steps": steps,
+                "steps/s": rate,
+                "us/step": 1e6 / rate,
+                "x TorchRL": rate / torchrl,
+                "overhead us/step vs raw": 1e6 / rate - 1e6 / raw,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
+    args = parser.parse_args()
+    print_table("GymEnv CartPole-v1 rollout: aenv vs TorchRL vs raw gymnasium", run(args.quick))
+
+
+if __name__ == "__main__":
+    main()
