@@ -1,0 +1,84 @@
+"""Transforms: TransformedEnv, Compose and the transform library.
+
+A :class:`TransformedEnv` chains :class:`Transform` objects between a base env and the user:
+forward hooks map outputs (and specs), inverse hooks map inputs. See
+:mod:`aenv.transforms._base` for the hooks a new transform overrides.
+"""
+
+from aenv.transforms._autoreset import AutoResetEnv, AutoResetTransform
+from aenv.transforms._base import Compose, Transform, reset_mask
+from aenv.transforms._counters import InitTracker, RewardSum, StepCounter
+from aenv.transforms._dtype import DeviceCastTransform, DoubleToFloat, DTypeCastTransform
+from aenv.transforms._env import TransformedEnv
+from aenv.transforms._keys import ExcludeTransform, RenameTransform, SelectTransform
+from aenv.transforms._masks import ActionMask, ConditionalSkip
+from aenv.transforms._norm import ObservationNorm, VecNorm
+from aenv.transforms._primer import TensorDictPrimer
+from aenv.transforms._reward import RewardClipping, RewardScaling
+from aenv.transforms._t2_exports import (
+    ActionDiscretizer,
+    BinarizeReward,
+    CatFrames,
+    CatTensors,
+    CenterCrop,
+    ClipTransform,
+    Crop,
+    FiniteTensorDictCheck,
+    FlattenObservation,
+    FrameSkipTransform,
+    GrayScale,
+    NoopResetEnv,
+    PermuteTransform,
+    RemoveEmptySpecs,
+    Resize,
+    SignTransform,
+    SqueezeTransform,
+    ToTensorImage,
+    TrajCounter,
+    UnsqueezeTransform,
+)
+
+__all__ = [
+    "ActionDiscretizer",
+    "ActionMask",
+    "AutoResetEnv",
+    "AutoResetTransform",
+    "BinarizeReward",
+    "CatFrames",
+    "CatTensors",
+    "CenterCrop",
+    "ClipTransform",
+    "Compose",
+    "ConditionalSkip",
+    "Crop",
+    "DTypeCastTransform",
+    "DeviceCastTransform",
+    "DoubleToFloat",
+    "ExcludeTransform",
+    "FiniteTensorDictCheck",
+    "FlattenObservation",
+    "FrameSkipTransform",
+    "GrayScale",
+    "InitTracker",
+    "NoopResetEnv",
+    "ObservationNorm",
+    "PermuteTransform",
+    "RemoveEmptySpecs",
+    "RenameTransform",
+    "Resize",
+    "RewardClipping",
+    "RewardScaling",
+    "RewardSum",
+    "SelectTransform",
+    "SignTransform",
+    "SqueezeTransform",
+    "StepCounter",
+    "TensorDictPrimer",
+    "ToTensorImage",
+    "TrajCounter",
+    "Transform",
+    "TransformedEnv",
+    "UnsqueezeTransform",
+    "VecNorm",
+    "reset_mask",
+]
