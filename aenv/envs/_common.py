@@ -25,12 +25,35 @@ __all__ = ["EnvBase"]
 
 
 class _EnvMeta(type):
-    """Runs ``_post_init`` once the most-derived ``__init__`` has finished."""
+    """Runs ``_post_init`` once the most-derived ``__init__`` has finished.
+
+    Also implements the ``auto_reset`` / ``auto_reset_replace`` arguments every env accepts
+    (unless its ``__init__`` declares ``auto_reset`` itself): with ``auto_reset=True`` the
+    env comes back wrapped in an :class:`~aenv.transforms.AutoResetEnv`.
+    """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        auto_reset = False
+        replace = True
+        if "auto_reset" in kwargs and not _declares_auto_reset(cls):
+            auto_reset = bool(kwargs.pop("auto_reset"))
+            replace = bool(kwargs.pop("auto_reset_replace", True))
         obj = super().__call__(*args, **kwargs)
         obj._post_init()
+        if auto_reset:
+            from aenv.transforms._autoreset import wrap_auto_reset
+
+            return wrap_auto_reset(obj, replace)
         return obj
+
+
+@functools.cache
+def _declares_auto_reset(cls: type) -> bool:
+    """Whether ``cls.__init__`` takes ``auto_reset`` itself (then it is passed through)."""
+    try:
+        return "auto_reset" in inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    except (TypeError, ValueError):
+        return False
 
 
 class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
@@ -71,6 +94,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     blocking: ClassVar[bool] = False
     _handles_partial_steps: ClassVar[bool] = False
+    #: set by envs whose ``_step`` always returns consistent ``done`` / ``terminated`` (and
+    #: declared ``truncated``) entries, so the per-step completion can be skipped
+    _done_outputs_complete: ClassVar[bool] = False
     _step_is_async: ClassVar[bool] = False
     _reset_is_async: ClassVar[bool] = False
     _seed_is_async: ClassVar[bool] = False
@@ -286,10 +312,11 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                 next_td.set(
                     key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone()
                 )
-        zeros = self._done_zeros
-        if extra:
-            zeros = {p: z.expand(*extra, *z.shape) for p, z in zeros.items()}
-        complete_done(next_td, self._done_groups, zeros)
+        if not self._done_outputs_complete:
+            zeros = self._done_zeros
+            if extra:
+                zeros = {p: z.expand(*extra, *z.shape) for p, z in zeros.items()}
+            complete_done(next_td, self._done_groups, zeros)
         if self.run_type_checks:
             self._check_outputs(next_td, extra)
         return next_td

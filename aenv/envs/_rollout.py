@@ -84,7 +84,7 @@ async def run_rollout(
     if policy is None:
         policy = env.rand_action
     device = env.device
-    steps: list[TensorDictBase] = []
+    steps = _StepStore(bool(return_contiguous))
     td = tensordict
     for i in range(max_steps):
         if break_when_all_done and i:
@@ -119,22 +119,67 @@ async def run_rollout(
             if i == max_steps - 1:
                 break
             td = nxt
-    batch_dims = steps[0].batch_dims
     if set_truncated:
-        last = steps[-1].get("next")
+        last = steps.last.get("next")
         for key in env.done_keys:
             key_t = unravel(key)
             if key_t[-1] in ("truncated", "done"):
                 last.set(key, torch.ones_like(last.get(key)))
-    if return_contiguous:
-        try:
-            out: TensorDictBase = torch.stack(steps, dim=batch_dims)  # type: ignore[arg-type, assignment]
-        except RuntimeError:
-            out = LazyStackedTensorDict.lazy_stack(steps, dim=batch_dims)
-    else:
-        out = LazyStackedTensorDict.lazy_stack(steps, dim=batch_dims)
+    out = steps.finish()
     try:
-        out.refine_names(*([None] * batch_dims), "time")
+        out.refine_names(*([None] * (out.batch_dims - 1)), "time")
     except (RuntimeError, ValueError, NotImplementedError):
         pass
     return out
+
+
+class _StepStore:
+    """A rollout's steps, stacked along a new trailing dim.
+
+    Steps are stacked in chunks as they come, so a long rollout keeps few live objects (the
+    garbage collector's cost grows with them); the newest step stays unstacked, so it can
+    still be edited (``set_truncated``). Steps whose shapes vary (dynamic specs) end up in a
+    lazy stack, as do all steps when ``contiguous`` is False.
+    """
+
+    CHUNK = 256
+
+    def __init__(self, contiguous: bool) -> None:
+        self.contiguous = contiguous
+        self.pending: list[TensorDictBase] = []
+        self.chunks: list[TensorDictBase] = []
+        self.dim = 0
+
+    @property
+    def last(self) -> TensorDictBase:
+        return self.pending[-1]
+
+    def append(self, td: TensorDictBase) -> None:
+        if not self.pending and not self.chunks:
+            self.dim = td.batch_dims
+        self.pending.append(td)
+        if self.contiguous and len(self.pending) > self.CHUNK:
+            head = self.pending[: self.CHUNK]
+            try:
+                self.chunks.append(torch.stack(head, self.dim))  # type: ignore[arg-type]
+            except RuntimeError:
+                self._go_lazy()
+                return
+            del self.pending[: self.CHUNK]
+
+    def _go_lazy(self) -> None:
+        self.contiguous = False
+        unbound = [t for chunk in self.chunks for t in chunk.unbind(self.dim)]
+        self.pending = unbound + self.pending
+        self.chunks = []
+
+    def finish(self) -> TensorDictBase:
+        if self.contiguous:
+            try:
+                tail: TensorDictBase = torch.stack(self.pending, self.dim)  # type: ignore[arg-type, assignment]
+                if not self.chunks:
+                    return tail
+                return torch.cat([*self.chunks, tail], self.dim)  # type: ignore[arg-type, return-value]
+            except RuntimeError:
+                self._go_lazy()
+        return LazyStackedTensorDict.lazy_stack(self.pending, dim=self.dim)

@@ -85,6 +85,9 @@ class GymWrapper(GymLikeEnv):
         torch.Size([4])
     """
 
+    # read_done always gives terminated, truncated and their union: nothing to complete
+    _done_outputs_complete = True
+
     def __init__(
         self,
         env: Any = None,

@@ -1,11 +1,13 @@
 """Synchronous facades over aenv's async implementation, and the loop runner they share.
 
 The runner (:class:`Runner`, :func:`get_runner`, :func:`run_sync`) is the only place in aenv
-where synchronous code touches an event loop.
+where synchronous code touches an event loop; the facades (:class:`SyncEnv`,
+:class:`SerialEnv`, :func:`rollout`) make one runner call per method.
 """
 
 from __future__ import annotations
 
+from aenv.sync._facades import SerialEnv, SyncEnv, rollout
 from aenv.sync._runner import Runner, get_runner, run_sync
 
-__all__ = ["Runner", "get_runner", "run_sync"]
+__all__ = ["Runner", "SerialEnv", "SyncEnv", "get_runner", "rollout", "run_sync"]

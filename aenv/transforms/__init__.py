@@ -6,7 +6,8 @@ forward hooks map outputs (and specs), inverse hooks map inputs. See
 """
 
 from aenv.transforms._autoreset import AutoResetEnv, AutoResetTransform
-from aenv.transforms._base import Compose, Transform, reset_mask
+from aenv.transforms._base import Transform, reset_mask
+from aenv.transforms._compose import Compose
 from aenv.transforms._counters import InitTracker, RewardSum, StepCounter
 from aenv.transforms._dtype import DeviceCastTransform, DoubleToFloat, DTypeCastTransform
 from aenv.transforms._env import TransformedEnv

@@ -10,7 +10,8 @@ from tensordict import TensorDictBase
 from aenv._mdp import NestedKey, pad_mask, unravel
 from aenv.envs._common import EnvBase
 from aenv.specs import Composite
-from aenv.transforms._base import Compose, Transform
+from aenv.transforms._base import Transform
+from aenv.transforms._compose import Compose
 from aenv.transforms._env import TransformedEnv
 
 __all__ = ["AutoResetEnv", "AutoResetTransform"]

@@ -11,7 +11,8 @@ from tensordict import TensorDict, TensorDictBase
 from aenv._mdp import mask_merge, reduce_mask
 from aenv.envs._common import EnvBase
 from aenv.specs import Composite
-from aenv.transforms._base import Compose, Transform
+from aenv.transforms._base import Transform
+from aenv.transforms._compose import Compose
 
 __all__ = ["TransformedEnv"]
 

@@ -495,3 +495,18 @@ def test_bounded_action_spec_wrapping():
     env.action_spec = Bounded(-1.0, 1.0, shape=(1,))
     assert isinstance(env.full_action_spec, Composite)
     assert env.full_action_spec["action"].shape == torch.Size([1])
+
+
+async def test_long_rollout_is_chunk_stacked_in_order():
+    env = CountingEnv(max_steps=10_000)
+    r = await env.rollout(600)
+    assert r.batch_size == torch.Size([600])
+    assert r["next", "observation"].squeeze(-1).tolist() == [float(i) for i in range(1, 601)]
+    assert r.names[-1] == "time"
+
+
+async def test_long_dynamic_rollout_falls_back_to_lazy():
+    env = DynamicSpecEnv(max_count=10_000)
+    r = await env.rollout(300)
+    assert isinstance(r, LazyStackedTensorDict)
+    assert r[299]["next", "observation"].shape == torch.Size([3, 301, 2])

@@ -1,0 +1,20 @@
+"""Env pools: many envs as one async env, on coroutine or thread backends (process and Ray
+to come), whole-batch or streaming results as each env finishes.
+
+Backends plug in by name through :mod:`aenv.pool._backend` (its docstring is the contract).
+"""
+
+from __future__ import annotations
+
+from aenv.pool._backend import BACKENDS, Backend, Failure, backend_class
+from aenv.pool._pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
+
+__all__ = [
+    "BACKENDS",
+    "AsyncEnvPool",
+    "Backend",
+    "CoroutineAsyncEnvPool",
+    "Failure",
+    "ThreadingAsyncEnvPool",
+    "backend_class",
+]

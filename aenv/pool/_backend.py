@@ -1,0 +1,212 @@
+"""The interface between :class:`~aenv.pool.AsyncEnvPool` and the places its envs live.
+
+A backend hosts the sub-envs of one pool and runs *operations* on them; the pool never
+imports a concrete backend: it looks one up by name in :data:`BACKENDS` (``"module:Class"``
+strings, imported on first use), so a backend with an optional dependency costs nothing
+until it is asked for, and a new one plugs in by adding one line here.
+
+The contract, in full:
+
+``start(env_fns) -> list[EnvMetaData]``
+    Called once, synchronously, by the pool's constructor. Builds env ``i`` by calling
+    ``env_fns[i]()`` *where it will live* (inline, in its own thread, in a worker process,
+    in a Ray actor) and returns one :class:`~aenv.envs.EnvMetaData` per env (specs, batch
+    size, device). It may block while the envs are built. No event loop is needed yet.
+
+``submit(env_index, op, payload) -> None``
+    Non-blocking; called from the pool's event loop thread. Starts one operation on one
+    env. The pool guarantees at most one operation in flight per env. Operations and their
+    payloads / results are those of :func:`aenv.pool._ops.execute`:
+
+    ==========================  ===============================  ============================
+    op                          payload                          result
+    ==========================  ===============================  ============================
+    ``"step"``                  input TensorDict                 the ``"next"`` TensorDict
+    ``"reset"``                 ``(TensorDict | None, kwargs)``  the reset TensorDict
+    ``"step_and_maybe_reset"``  input TensorDict                 ``(next, reset | None)``
+    ``"seed"``                  ``(seed, static_seed)``          the next seed
+    ``"call"``                  ``(name, args, kwargs)``         the method's (awaited) return
+    ``"getattr"``               attribute name                   the attribute's value
+    ==========================  ===============================  ============================
+
+    The outcome is handed back by calling ``deliver(env_index, outcome)`` **on the pool's
+    event loop thread**: directly when the backend runs there (it may even do so before
+    ``submit`` returns), through ``loop.call_soon_threadsafe`` from a thread, or from a
+    reader callback on a pipe fd (``loop.add_reader``) for processes. Never by polling.
+    ``outcome`` is the result, or a :class:`Failure` (the exception and its formatted
+    traceback) when the operation raised. A backend delivers exactly one outcome per
+    submitted operation, except for operations given up by :meth:`Backend.replace`.
+
+``replace(env_index) -> None``
+    Non-blocking. Gives up env ``env_index``: any operation in flight on it is cancelled
+    where the backend can (coroutine: task cancelled; thread: its thread is abandoned;
+    process: the worker is told or killed) and its outcome is never delivered; the env is
+    closed in the background and a fresh one is built from the same factory. The next
+    ``submit`` for that index goes to the fresh env (which has not been reset). Used for
+    step timeouts and the ``on_error="restart"`` policy.
+
+``cancel(env_index) -> bool``
+    Best effort, non-blocking: cancel the operation in flight on ``env_index`` because its
+    caller was cancelled. Returns True when it was stopped at once (no outcome will come),
+    False when an outcome will still be delivered (the pool then drops it).
+
+``getattr_sync(env_index, name)``
+    Reads an attribute of a sub-env synchronously (in the env's own thread where it has
+    one); used by the pool's attribute fan-out (``pool.some_attr``).
+
+``abort()``
+    Synchronous, non-blocking shutdown for a pool whose constructor failed after ``start``.
+
+``async aclose(grace)``
+    Closes every env and leaves no task, thread or process behind (waiting at most
+    ``grace`` seconds for work that ignores cancellation).
+
+``async run_batch(op, indices, payloads, step_timeout)`` (optional)
+    A fast path for whole-batch calls by backends that can do better than one
+    ``submit`` per env (the coroutine backend awaits cheap sync envs inline). Returns one
+    outcome per index, in order. Backends without one leave ``has_run_batch = False``.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.exceptions import BackendUnavailableError
+
+__all__ = [
+    "BACKENDS",
+    "RESERVED_BACKENDS",
+    "Backend",
+    "Deliver",
+    "Failure",
+    "backend_class",
+    "normalize_backend_name",
+]
+
+#: Backends by name: ``"module:Class"``, imported lazily.
+BACKENDS: dict[str, str] = {
+    "coroutine": "aenv.pool._coroutine:CoroutineBackend",
+    "thread": "aenv.pool._thread:ThreadBackend",
+}
+
+#: Names accepted as synonyms (the seeds' spellings).
+ALIASES: dict[str, str] = {
+    "threading": "thread",
+    "asyncio": "coroutine",
+    "multiprocessing": "process",
+}
+
+#: Names kept for backends still to come, with what to use meanwhile.
+RESERVED_BACKENDS: dict[str, str] = {
+    "process": "the process backend is not available yet; use backend='thread' for blocking "
+    "envs or backend='coroutine' for async ones",
+    "ray": "the Ray backend is not available yet; use backend='thread' or 'coroutine'",
+}
+
+Deliver = Callable[[int, Any], None]
+
+
+class Failure:
+    """An operation's exception, with its traceback formatted where it was raised.
+
+    The traceback is kept as text so that it crosses threads and processes intact; the
+    pool turns a failure into an :class:`~aenv.exceptions.EnvStepError` (``from`` the
+    original exception where it is at hand).
+    """
+
+    __slots__ = ("exc", "traceback")
+
+    def __init__(self, exc: BaseException, tb: str | None = None) -> None:
+        self.exc = exc
+        self.traceback = tb if tb is not None else "".join(traceback.format_exception(exc))
+
+    def __repr__(self) -> str:
+        return f"Failure({type(self.exc).__name__}: {self.exc})"
+
+
+def normalize_backend_name(name: str) -> str:
+    """The canonical name of a backend (``"threading"`` -> ``"thread"``)."""
+    key = name.lower()
+    return ALIASES.get(key, key)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """Import and return the backend class registered under ``name`` (or an alias).
+
+    Raises:
+        BackendUnavailableError: the name is reserved for a backend that does not exist
+            yet, or its optional dependency is missing.
+        ValueError: the name is unknown.
+    """
+    key = normalize_backend_name(name)
+    if key in RESERVED_BACKENDS and key not in BACKENDS:
+        raise BackendUnavailableError(f"backend {name!r}: {RESERVED_BACKENDS[key]}")
+    try:
+        target = BACKENDS[key]
+    except KeyError:
+        known = sorted({*BACKENDS, *ALIASES, *RESERVED_BACKENDS})
+        raise ValueError(f"unknown pool backend {name!r}; known names: {known}") from None
+    module_name, _, cls_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    cls: type[Backend] = getattr(module, cls_name)
+    return cls
+
+
+class Backend(abc.ABC):
+    """Hosts a pool's sub-envs and runs operations on them; see the module docstring.
+
+    Args:
+        deliver: the pool's completion callback, ``deliver(env_index, outcome)``, to be
+            called on the pool's event loop thread.
+        **options: backend-specific options (``backend_options=`` of the pool).
+    """
+
+    name: ClassVar[str] = ""
+    #: True when :meth:`run_batch` is implemented.
+    has_run_batch: ClassVar[bool] = False
+
+    def __init__(self, deliver: Deliver, **options: Any) -> None:
+        if options:
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
+        self._deliver = deliver
+        self.env_fns: list[Callable[[], EnvBase]] = []
+
+    @abc.abstractmethod
+    def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
+        """Build the envs where they will live; return their metadata."""
+
+    @abc.abstractmethod
+    def submit(self, env_index: int, op: str, payload: Any) -> None:
+        """Start one operation on one env; its outcome goes to ``deliver``."""
+
+    @abc.abstractmethod
+    def replace(self, env_index: int) -> None:
+        """Give up env ``env_index`` and build a fresh one from its factory."""
+
+    def cancel(self, env_index: int) -> bool:
+        """Best-effort cancel of the operation in flight; True if no outcome will come."""
+        return False
+
+    @abc.abstractmethod
+    def getattr_sync(self, env_index: int, name: str) -> Any:
+        """Read attribute ``name`` of env ``env_index`` synchronously."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Synchronous, best-effort shutdown after :meth:`start` succeeded but the pool's
+        construction failed (no loop may be running); must not block."""
+
+    @abc.abstractmethod
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Close every env; leave no task, thread or process behind."""
+
+    async def run_batch(
+        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
+    ) -> list[Any]:
+        """Optional whole-batch fast path; see the module docstring."""
+        raise NotImplementedError

@@ -1,0 +1,200 @@
+"""The coroutine backend: sub-envs live in the pool's event loop.
+
+Async envs run as tasks of the pool's loop; a sync, non-blocking env's operation is run
+inline (no task: it cannot suspend anyway), and one declared ``blocking`` runs in a worker
+thread through ``anyio.to_thread`` as :class:`~aenv.EnvBase` arranges.
+
+Tasks are not held by a task group: they outlive any one caller's scope (a streamed step
+is sent by one call and received by another). The backend owns them instead: each catches
+its env's exception and delivers it as a :class:`~aenv.pool._backend.Failure` (so no
+failure goes unseen), and :meth:`CoroutineBackend.aclose` cancels and awaits them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.exceptions import StepTimeoutError
+from aenv.pool._backend import Backend, Failure
+from aenv.pool._ops import drive, execute, runs_inline
+
+__all__ = ["CoroutineBackend"]
+
+
+class CoroutineBackend(Backend):
+    """Runs sub-envs in the pool's own event loop (see the module docstring)."""
+
+    name = "coroutine"
+    has_run_batch = True
+
+    def __init__(self, deliver: Any, **options: Any) -> None:
+        super().__init__(deliver, **options)
+        self.envs: list[EnvBase] = []
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._retired: set[asyncio.Task[Any]] = set()
+
+    def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
+        self.env_fns = list(env_fns)
+        self.envs = []
+        try:
+            for fn in self.env_fns:
+                self.envs.append(_build(fn))
+        except BaseException:
+            for env in self.envs:
+                if not _async_close(env):
+                    with contextlib.suppress(Exception):
+                        drive(env.aclose())
+            raise
+        return [EnvMetaData.metadata_from_env(env) for env in self.envs]
+
+    # ------------------------------------------------------------------ streaming
+    def submit(self, env_index: int, op: str, payload: Any) -> None:
+        env = self.envs[env_index]
+        if runs_inline(env, op, payload):
+            try:
+                result = drive(execute(env, op, payload))
+            except Exception as exc:
+                self._deliver(env_index, Failure(exc))
+            else:
+                self._deliver(env_index, result)
+            return
+        task = asyncio.get_running_loop().create_task(self._run(env_index, env, op, payload))
+        self._tasks[env_index] = task
+
+    async def _run(self, env_index: int, env: EnvBase, op: str, payload: Any) -> None:
+        outcome: Any
+        try:
+            outcome = await execute(env, op, payload)
+        except Exception as exc:
+            outcome = Failure(exc)
+        task = asyncio.current_task()
+        if self._tasks.get(env_index) is task:
+            del self._tasks[env_index]
+            self._deliver(env_index, outcome)
+
+    def cancel(self, env_index: int) -> bool:
+        task = self._tasks.pop(env_index, None)
+        if task is None:
+            return False
+        task.cancel()
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+        return True
+
+    def replace(self, env_index: int) -> None:
+        self.cancel(env_index)
+        old = self.envs[env_index]
+        self.envs[env_index] = _build(self.env_fns[env_index])
+        closer = asyncio.get_running_loop().create_task(_quiet_close(old))
+        self._retired.add(closer)
+        closer.add_done_callback(self._retired.discard)
+
+    def getattr_sync(self, env_index: int, name: str) -> Any:
+        return getattr(self.envs[env_index], name)
+
+    # ------------------------------------------------------------------ whole batch
+    async def run_batch(
+        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
+    ) -> list[Any]:
+        envs = self.envs
+        outcomes: list[Any] = [None] * len(indices)
+        later: list[int] = []
+        for pos, (i, payload) in enumerate(zip(indices, payloads)):
+            env = envs[i]
+            if runs_inline(env, op, payload):
+                # Awaiting a coroutine that cannot suspend is a plain call: no task.
+                try:
+                    outcomes[pos] = await execute(env, op, payload)
+                except Exception as exc:
+                    outcomes[pos] = Failure(exc)
+            else:
+                later.append(pos)
+        if len(later) == 1 and step_timeout is None:
+            pos = later[0]
+            try:
+                outcomes[pos] = await execute(envs[indices[pos]], op, payloads[pos])
+            except Exception as exc:
+                outcomes[pos] = Failure(exc)
+        elif later:
+            async with anyio.create_task_group() as tg:
+                for pos in later:
+                    tg.start_soon(
+                        self._collect, outcomes, pos, indices[pos], op, payloads[pos], step_timeout
+                    )
+        return outcomes
+
+    async def _collect(
+        self,
+        outcomes: list[Any],
+        pos: int,
+        env_index: int,
+        op: str,
+        payload: Any,
+        step_timeout: float | None,
+    ) -> None:
+        env = self.envs[env_index]
+        try:
+            if step_timeout is None:
+                outcomes[pos] = await execute(env, op, payload)
+                return
+            with anyio.move_on_after(step_timeout) as scope:
+                outcomes[pos] = await execute(env, op, payload)
+            if scope.cancelled_caught:
+                self.replace(env_index)
+                outcomes[pos] = Failure(
+                    StepTimeoutError(
+                        f"env {env_index}: {op} did not finish within {step_timeout} s; the env was "
+                        "cancelled and rebuilt",
+                        env_index=env_index,
+                    ),
+                    "",
+                )
+        except Exception as exc:
+            outcomes[pos] = Failure(exc)
+
+    # ------------------------------------------------------------------ closing
+    async def aclose(self, grace: float = 5.0) -> None:
+        for i in list(self._tasks):
+            self.cancel(i)
+        if self._retired:
+            with anyio.move_on_after(grace):
+                await asyncio.gather(*list(self._retired), return_exceptions=True)
+            if self._retired:
+                warnings.warn(
+                    f"{len(self._retired)} env task(s) ignored cancellation for {grace} s "
+                    "and were left running",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        errors = []
+        for env in self.envs:
+            try:
+                await env.aclose()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def _build(fn: Callable[[], EnvBase]) -> EnvBase:
+    env = fn()
+    if not isinstance(env, EnvBase):
+        raise TypeError(f"an env factory must return an aenv EnvBase, got {type(env).__name__}")
+    return env
+
+
+def _async_close(env: EnvBase) -> bool:
+    return type(env)._aclose is not EnvBase._aclose
+
+
+async def _quiet_close(env: EnvBase) -> None:
+    with contextlib.suppress(Exception):
+        await env.aclose()

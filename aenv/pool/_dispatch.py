@@ -1,0 +1,293 @@
+"""Bookkeeping of the operations a pool has in flight: tickets, admission, deadlines, faults.
+
+Every operation on a sub-env (whole-batch or streamed) is a :class:`_Ticket` in the slot of
+its env (one at most: a second one is :class:`~aenv.exceptions.EnvBusyError`). Backends
+report outcomes through :meth:`_Dispatcher._deliver`, which cancels the ticket's deadline,
+applies the fault policy, and routes the outcome to the waiting whole-batch call or to the
+stream's ready queue. Everything here runs on the pool's event loop thread and never awaits
+except in :meth:`_Dispatcher._run_generic`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aenv.exceptions import EnvBusyError, EnvStepError, StepTimeoutError
+from aenv.pool._backend import Backend, Failure
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["STREAM_OPS", "_Batch", "_Dispatcher", "_Ticket"]
+
+STREAM_OPS = ("step", "reset", "step_and_maybe_reset")
+_TIMED_OPS = frozenset(STREAM_OPS)
+_RESTARTABLE = frozenset(("step", "step_and_maybe_reset"))
+
+
+class _Batch:
+    __slots__ = ("future", "outcomes", "remaining")
+
+    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
+        self.outcomes: list[Any] = [None] * n
+        self.remaining = n
+        self.future = future
+
+    def store(self, pos: int, outcome: Any) -> None:
+        self.outcomes[pos] = outcome
+        self.remaining -= 1
+        if not self.remaining and not self.future.done():
+            self.future.set_result(None)
+
+
+class _Ticket:
+    __slots__ = (
+        "batch",
+        "error",
+        "index",
+        "launched",
+        "op",
+        "orphan",
+        "payload",
+        "pos",
+        "restarting",
+        "timer",
+    )
+
+    def __init__(self, index: int, op: str, payload: Any, batch: _Batch | None, pos: int) -> None:
+        self.index = index
+        self.op = op
+        self.payload = payload
+        self.batch = batch
+        self.pos = pos
+        self.timer: asyncio.TimerHandle | None = None
+        self.launched = False
+        self.orphan = False
+        self.restarting = False
+        self.error: BaseException | None = None
+
+
+#: Marks the envs of a whole-batch call on a backend's fast path.
+_FAST = _Ticket(-1, "", None, None, -1)
+
+
+class _Dispatcher:
+    """Mixin of :class:`~aenv.pool.AsyncEnvPool` holding the in-flight state."""
+
+    num_envs: int
+    on_error: str
+    step_timeout: float | None
+    max_concurrency: int | None
+    _backend: Backend
+    last_errors: dict[int, BaseException]
+    _restart_result: Callable[[int, _Ticket, Any], Any]
+
+    def _init_dispatch(self, n: int) -> None:
+        self._tickets: list[_Ticket | None] = [None] * n
+        self._waiting: deque[_Ticket] = deque()
+        self._running = 0
+        self._pumping = False
+        self._orphans = 0
+        self._orphan_waiter: asyncio.Future[None] | None = None
+        self._ready: dict[str, deque[tuple[int, Any, _Ticket]]] = {op: deque() for op in STREAM_OPS}
+        self._streaming = dict.fromkeys(STREAM_OPS, 0)
+        self._recv_waiters: dict[str, asyncio.Future[None] | None] = dict.fromkeys(STREAM_OPS)
+        self.last_errors = {}
+
+    # ------------------------------------------------------------------ errors
+    def _to_error(self, i: int, op: str, failure: Failure) -> BaseException:
+        exc = failure.exc
+        if isinstance(exc, StepTimeoutError):
+            return exc
+        if isinstance(exc, EnvStepError):
+            if exc.env_index is None:
+                exc.env_index = i
+            return exc
+        err = EnvStepError(
+            f"env {i} raised {type(exc).__name__} in {op}: {exc}",
+            env_index=i,
+            remote_type=type(exc).__name__,
+            remote_traceback=failure.traceback,
+        )
+        err.__cause__ = exc
+        return err
+
+    # ------------------------------------------------------------------ slots
+    def _check_free(self, indices: Sequence[int]) -> None:
+        tickets = self._tickets
+        for i in indices:
+            if tickets[i] is not None:
+                raise EnvBusyError(
+                    f"env {i} is still working on an earlier {tickets[i].op or 'call'!r}; "  # type: ignore[union-attr]
+                    "receive its result first",
+                    env_index=i,
+                )
+
+    async def _wait_orphans(self) -> None:
+        while self._orphans:
+            fut = self._orphan_waiter
+            if fut is None or fut.done():
+                fut = self._orphan_waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(fut)
+
+    def _enqueue(self, t: _Ticket) -> None:
+        self._tickets[t.index] = t
+        if self.max_concurrency is None:
+            self._launch(t)
+        else:
+            self._waiting.append(t)
+            self._pump()
+
+    def _pump(self) -> None:
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            cap = self.max_concurrency or 0
+            while self._waiting and self._running < cap:
+                t = self._waiting.popleft()
+                if self._tickets[t.index] is t and not t.launched:
+                    self._launch(t)
+        finally:
+            self._pumping = False
+
+    def _launch(self, t: _Ticket) -> None:
+        t.launched = True
+        self._running += 1
+        if self.step_timeout is not None and t.op in _TIMED_OPS:
+            t.timer = asyncio.get_running_loop().call_later(self.step_timeout, self._expire, t)
+        try:
+            self._backend.submit(t.index, t.op, t.payload)
+        except BaseException:
+            self._release(t)
+            raise
+
+    def _release(self, t: _Ticket) -> None:
+        if self._tickets[t.index] is t:
+            self._tickets[t.index] = None
+        if t.timer is not None:
+            t.timer.cancel()
+            t.timer = None
+        if t.launched:
+            t.launched = False
+            self._running -= 1
+
+    # ------------------------------------------------------------------ outcomes
+    def _expire(self, t: _Ticket) -> None:
+        i = t.index
+        if self._tickets[i] is not t:
+            return
+        t.timer = None
+        self._backend.replace(i)
+        err = StepTimeoutError(
+            f"env {i}: {t.op} did not finish within {self.step_timeout} s; it was abandoned "
+            "and the env rebuilt from its factory",
+            env_index=i,
+        )
+        self._deliver(i, Failure(err, ""))
+
+    def _deliver(self, i: int, outcome: Any) -> None:
+        t = self._tickets[i]
+        if t is None or t is _FAST:
+            return
+        if t.timer is not None:
+            t.timer.cancel()
+            t.timer = None
+        if isinstance(outcome, Failure):
+            err = self._to_error(i, "reset after a restart" if t.restarting else t.op, outcome)
+            self.last_errors[i] = err
+            if (
+                self.on_error == "restart"
+                and t.op in _RESTARTABLE
+                and not t.restarting
+                and not t.orphan
+            ):
+                # Rebuild the env, reset it, and report the step as truncated.
+                t.restarting = True
+                t.error = err
+                if not isinstance(outcome.exc, StepTimeoutError):
+                    self._backend.replace(i)
+                if self.step_timeout is not None:
+                    loop = asyncio.get_running_loop()
+                    t.timer = loop.call_later(self.step_timeout, self._expire, t)
+                self._backend.submit(i, "reset", (None, {}))
+                return
+            if t.restarting and t.error is not None:
+                err.__context__ = t.error
+            outcome = Failure(err, outcome.traceback)
+        elif t.restarting:
+            outcome = self._restart_result(i, t, outcome)
+        self._release(t)
+        if t.orphan:
+            self._orphans -= 1
+            if not self._orphans and self._orphan_waiter is not None:
+                if not self._orphan_waiter.done():
+                    self._orphan_waiter.set_result(None)
+        elif t.batch is not None:
+            t.batch.store(t.pos, outcome)
+        else:
+            self._streaming[t.op] -= 1
+            self._ready[t.op].append((i, outcome, t))
+            waiter = self._recv_waiters[t.op]
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        if self._waiting:
+            self._pump()
+
+    # ------------------------------------------------------------------ whole batch
+    async def _run_ops(self, op: str, indices: Sequence[int], payloads: Sequence[Any]) -> list[Any]:
+        """Run ``op`` on each env of ``indices``; one outcome (result or Failure) per env."""
+        if self._orphans:
+            await self._wait_orphans()
+        self._check_free(indices)
+        backend = self._backend
+        if backend.has_run_batch and self.max_concurrency is None and self.on_error == "raise":
+            tickets = self._tickets
+            for i in indices:
+                tickets[i] = _FAST
+            try:
+                outcomes = await backend.run_batch(op, indices, payloads, self.step_timeout)
+            finally:
+                for i in indices:
+                    if tickets[i] is _FAST:
+                        tickets[i] = None
+            for pos, o in enumerate(outcomes):
+                if isinstance(o, Failure):
+                    err = self._to_error(indices[pos], op, o)
+                    self.last_errors[indices[pos]] = err
+                    outcomes[pos] = Failure(err, o.traceback)
+            return outcomes
+        return await self._run_generic(op, indices, payloads)
+
+    async def _run_generic(
+        self, op: str, indices: Sequence[int], payloads: Sequence[Any]
+    ) -> list[Any]:
+        batch = _Batch(len(indices), asyncio.get_running_loop().create_future())
+        tickets = [
+            _Ticket(i, op, p, batch, pos) for pos, (i, p) in enumerate(zip(indices, payloads))
+        ]
+        for t in tickets:
+            self._enqueue(t)
+        try:
+            if batch.remaining:
+                await batch.future
+        except BaseException:
+            self._abandon_batch(tickets)
+            raise
+        return batch.outcomes
+
+    def _abandon_batch(self, tickets: list[_Ticket]) -> None:
+        """The caller was cancelled: stop what can be stopped, orphan the rest."""
+        for t in tickets:
+            if self._tickets[t.index] is not t:
+                continue
+            if not t.launched or self._backend.cancel(t.index):
+                self._release(t)
+            else:
+                t.orphan = True
+                self._orphans += 1
+        if self._waiting:
+            self._pump()

@@ -1,0 +1,135 @@
+"""Operations on one sub-env, shared by every backend that hosts envs as Python objects.
+
+:func:`execute` runs one operation (see :mod:`aenv.pool._backend`) on a local env;
+:func:`runs_inline` says whether it is sure to finish without suspending, in which case
+:func:`drive` runs it to completion without a task or an event loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Coroutine
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from aenv.envs._common import EnvBase
+
+__all__ = ["OPS", "drive", "execute", "runs_inline"]
+
+OPS = ("step", "reset", "step_and_maybe_reset", "seed", "call", "getattr")
+
+_STEP = EnvBase.step
+_RESET = EnvBase.reset
+_SMR = EnvBase.step_and_maybe_reset
+_SEED = EnvBase.set_seed
+
+
+def _lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
+    # The pool checked batch size and actions against its stacked specs already; an env
+    # that keeps EnvBase.step and does no type checks can skip straight to _step.
+    return (
+        type(env).step is _STEP
+        and not env.run_type_checks
+        and not env.is_closed
+        and td.get("_step", None) is None
+    )
+
+
+async def _step(env: EnvBase, td: TensorDictBase) -> TensorDictBase:
+    if _lean_step_ok(env, td):
+        out = await env._run(env._step_is_async, env._step, td)
+        return env._step_proc_data(out, td)
+    stepped = await env.step(td)
+    return stepped.get("next")
+
+
+async def _step_and_maybe_reset(
+    env: EnvBase, td: TensorDictBase
+) -> tuple[TensorDictBase, TensorDictBase | None]:
+    if type(env).step_and_maybe_reset is not _SMR:
+        # A custom composite: honour it, keep its "next".
+        stepped, reset = await env.step_and_maybe_reset(td)
+        return stepped.get("next"), reset
+    nxt = await _step(env, td)
+    if not _any_done(env, nxt):
+        return nxt, None
+    reset_input = env._step_mdp(td.set("next", nxt))
+    env._any_done_write_reset(reset_input)
+    return nxt, await env.reset(reset_input)
+
+
+def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
+    for prefix in env._done_groups:
+        done = nxt.get((*prefix, "done"), None) if prefix else nxt.get("done", None)
+        if done is not None and bool(done.any()):
+            return True
+    return False
+
+
+async def execute(env: EnvBase, op: str, payload: Any) -> Any:
+    """Run operation ``op`` with ``payload`` on ``env``; returns its result."""
+    if op == "step":
+        return await _step(env, payload)
+    if op == "reset":
+        td, kwargs = payload
+        return await env.reset(td, **kwargs)
+    if op == "step_and_maybe_reset":
+        return await _step_and_maybe_reset(env, payload)
+    if op == "seed":
+        seed, static = payload
+        return await env.set_seed(seed, static_seed=static)
+    if op == "call":
+        name, args, kwargs = payload
+        out = getattr(env, name)(*args, **kwargs)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+    if op == "getattr":
+        return getattr(env, payload)
+    raise ValueError(f"unknown pool operation {op!r}; expected one of {OPS}")
+
+
+def runs_inline(env: EnvBase, op: str, payload: Any = None) -> bool:
+    """True when ``execute(env, op, payload)`` cannot suspend: EnvBase's own methods over
+    sync, non-blocking ``_step`` / ``_reset`` / ``_set_seed``."""
+    if env.blocking:
+        return False
+    cls = type(env)
+    if op == "step":
+        return cls.step is _STEP and not cls._step_is_async
+    if op == "reset":
+        return cls.reset is _RESET and not cls._reset_is_async
+    if op == "step_and_maybe_reset":
+        return (
+            cls.step is _STEP
+            and cls.reset is _RESET
+            and cls.step_and_maybe_reset is _SMR
+            and not cls._step_is_async
+            and not cls._reset_is_async
+        )
+    if op == "seed":
+        return cls.set_seed is _SEED and not cls._seed_is_async
+    if op == "getattr":
+        return True
+    if op == "call":
+        method = getattr(env, payload[0], None)
+        return method is not None and not inspect.iscoroutinefunction(method)
+    return False
+
+
+def drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends to completion, without an event loop.
+
+    Raises:
+        RuntimeError: the coroutine did suspend (it was wrongly judged inline).
+    """
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError(
+        "an env operation judged synchronous awaited something; declare the env's methods "
+        "`async def` (or set `blocking = True`) so the pool schedules it as a task"
+    )

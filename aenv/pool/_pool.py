@@ -1,0 +1,422 @@
+"""AsyncEnvPool: many envs as one async env whose first batch dim indexes sub-envs."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv._mdp import mask_merge, unravel
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.exceptions import BatchSizeError, PoolError, SpecError
+from aenv.pool._backend import Failure, backend_class, normalize_backend_name
+from aenv.pool._dispatch import _Ticket
+from aenv.pool._stacking import split_inputs, stack_results
+from aenv.pool._stream import StreamMixin
+from aenv.specs import StackedComposite
+
+__all__ = ["AsyncEnvPool", "CoroutineAsyncEnvPool", "ThreadingAsyncEnvPool"]
+
+EnvFns = Sequence[Callable[..., EnvBase]] | tuple[int, Callable[..., EnvBase]]
+
+
+def _normalize_fns(
+    env_fns: EnvFns, create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+) -> list[Callable[[], EnvBase]]:
+    if isinstance(env_fns, tuple) and len(env_fns) == 2 and isinstance(env_fns[0], int):
+        fns: list[Callable[..., EnvBase]] = [env_fns[1]] * env_fns[0]
+    elif callable(env_fns):
+        raise TypeError("env_fns must be a list of env factories or a (num_envs, factory) pair")
+    else:
+        fns = list(env_fns)  # type: ignore[arg-type]
+    if not fns:
+        raise ValueError("a pool needs at least one env")
+    if create_env_kwargs is None:
+        return fns
+    if isinstance(create_env_kwargs, Mapping):
+        kws: Sequence[Mapping[str, Any]] = [create_env_kwargs] * len(fns)
+    else:
+        kws = list(create_env_kwargs)
+        if len(kws) != len(fns):
+            raise ValueError(f"{len(kws)} create_env_kwargs for {len(fns)} envs")
+    return [functools.partial(fn, **kw) if kw else fn for fn, kw in zip(fns, kws)]
+
+
+class AsyncEnvPool(StreamMixin, EnvBase):
+    """Runs many envs as one async env, whole-batch or streaming as each env finishes.
+
+    The pool's batch size is ``(num_envs, *sub_batch)`` and its specs are the sub-envs'
+    specs stacked along dim 0. Whole-batch calls (``reset``, ``step``,
+    ``step_and_maybe_reset``, ``rollout``) touch only the envs selected by ``"_reset"`` /
+    ``"_step"`` masks. Streaming calls (``async_step_send`` / ``async_step_recv`` and the
+    same for reset and step_and_maybe_reset, :meth:`stream`) send work to some envs and
+    return results as envs finish, with an ``"env_index"`` entry.
+
+    Args:
+        env_fns: a list of env factories, or a ``(num_envs, factory)`` pair. Factories are
+            called where the env will live (in its thread for the thread backend).
+        backend: ``"coroutine"`` (default; async envs as tasks of the pool's loop, sync ones
+            inline or, when declared ``blocking``, in worker threads) or ``"thread"`` /
+            ``"threading"`` (one dedicated thread per env). ``"process"`` and ``"ray"`` are
+            reserved for later backends.
+        stack: ``"dense"`` (sub-envs share specs; results are contiguous) or ``"lazy"``
+            (heterogeneous sub-envs; results are lazy stacks).
+        create_env_kwargs: keyword arguments for the factories (one dict, or one per env).
+        on_error: ``"raise"`` (default): a whole-batch call with failed envs raises
+            :class:`~aenv.exceptions.PoolError` once every env answered (``.errors`` maps env
+            index to its :class:`~aenv.exceptions.EnvStepError` or
+            :class:`~aenv.exceptions.StepTimeoutError`, ``.results`` holds the others'
+            results) and a streamed failure is raised by the ``recv`` that would return it.
+            ``"restart"``: a step that fails rebuilds the env from its factory, resets it and
+            is reported as truncated (``"done"`` and ``"truncated"`` set in its ``"next"``,
+            which holds the fresh reset's observation); the error is kept in
+            :attr:`last_errors`.
+        step_timeout: seconds a step or reset may take; a late one is abandoned
+            (coroutine backend: cancelled; thread backend: its thread is given up), the env
+            is rebuilt from its factory, and the step is reported as a
+            :class:`~aenv.exceptions.StepTimeoutError` (or restarted, with
+            ``on_error="restart"``). Sync envs run inline on the coroutine backend cannot be
+            interrupted: use the thread backend for those.
+        max_concurrency: at most this many envs work at once; the others wait their turn
+            in the pool (an env never sees work before it has a slot).
+        backend_options: options for the backend.
+        device: the pool's device (default: the first sub-env's).
+        close_timeout: seconds ``aclose`` waits for work that ignores cancellation.
+
+    Example:
+        >>> from aenv.testing import LatencyEnv
+        >>> pool = AsyncEnvPool([lambda: LatencyEnv(0.01), lambda: LatencyEnv(0.5)])
+        >>> td = await pool.reset()
+        >>> pool.async_step_send(pool.rand_action(td))
+        >>> first = await pool.async_step_recv()   # the fast env's result
+        >>> first["env_index"]
+        tensor([0])
+        >>> await pool.aclose()
+    """
+
+    _handles_partial_steps: ClassVar[bool] = True
+    _backend_name: ClassVar[str | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> AsyncEnvPool:
+        if cls is AsyncEnvPool:
+            name = normalize_backend_name(kwargs.get("backend") or "coroutine")
+            cls = _BY_BACKEND.get(name, cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        env_fns: EnvFns,
+        *,
+        backend: str | None = None,
+        stack: str = "dense",
+        create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        on_error: str = "raise",
+        step_timeout: float | None = None,
+        max_concurrency: int | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+        device: torch.device | str | None = None,
+        close_timeout: float = 5.0,
+    ) -> None:
+        fns = _normalize_fns(env_fns, create_env_kwargs)
+        if stack in ("lazy_stack", "maybe_dense"):
+            stack = "lazy"
+        if stack not in ("dense", "lazy"):
+            raise ValueError(f"stack must be 'dense' or 'lazy', got {stack!r}")
+        if on_error not in ("raise", "restart"):
+            raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
+        if step_timeout is not None and step_timeout <= 0:
+            raise ValueError(f"step_timeout must be > 0, got {step_timeout}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        name = normalize_backend_name(backend or self._backend_name or "coroutine")
+        if self._backend_name is not None and name != self._backend_name:
+            raise ValueError(
+                f"{type(self).__name__} runs the {self._backend_name!r} backend, not {backend!r}"
+            )
+        self.backend = name
+        self.num_envs = len(fns)
+        self.on_error = on_error
+        self.step_timeout = step_timeout
+        self.max_concurrency = max_concurrency
+        self.close_timeout = close_timeout
+        self._lazy = stack == "lazy"
+        self.stack = stack
+        self._init_dispatch(self.num_envs)
+        self._backend = backend_class(name)(self._deliver, **dict(backend_options or {}))
+        metas = self._backend.start(fns)
+        try:
+            self._setup_specs(metas, device)
+        except BaseException:
+            self._backend.abort()
+            raise
+
+    def _setup_specs(self, metas: list[EnvMetaData], device: Any) -> None:
+        sub_bs = metas[0].batch_size
+        for i, m in enumerate(metas):
+            if m.batch_size != sub_bs:
+                raise BatchSizeError(
+                    f"sub-envs must share one batch size: env 0 has {tuple(sub_bs)}, env {i} "
+                    f"has {tuple(m.batch_size)}"
+                )
+        self._metas = metas
+        self._sub_batch = sub_bs
+        self._all = list(range(self.num_envs))
+        self._zero_cache: dict[tuple[int, str], TensorDictBase] = {}
+        super().__init__(
+            device=device if device is not None else metas[0].device,
+            batch_size=(self.num_envs, *sub_bs),
+        )
+        specs = {}
+        for name in ("output_spec", "input_spec"):
+            specs[name] = torch.stack([m.specs[name] for m in metas], 0)  # type: ignore[misc]
+            if not self._lazy and isinstance(specs[name], StackedComposite):
+                raise SpecError(
+                    f"the sub-envs' {name}s differ (keys, shapes or types), so they cannot be "
+                    "stacked densely; pass stack='lazy' to pool heterogeneous envs"
+                )
+        self.output_spec = specs["output_spec"]  # type: ignore[assignment]
+        self.input_spec = specs["input_spec"]  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_envs={self.num_envs}, backend={self.backend!r}, "
+            f"batch_size={tuple(self.batch_size)}, stack={self.stack!r})"
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _raise_failures(self, op: str, indices: Sequence[int], outcomes: list[Any]) -> None:
+        errors = {indices[p]: o.exc for p, o in enumerate(outcomes) if isinstance(o, Failure)}
+        if not errors:
+            return
+        results = {indices[p]: o for p, o in enumerate(outcomes) if not isinstance(o, Failure)}
+        lines = "; ".join(
+            f"env {i}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            for i, e in errors.items()
+        )
+        first = next(iter(errors.values()))
+        raise PoolError(
+            f"{len(errors)} of {len(indices)} env(s) failed in {op}: {lines}",
+            errors=errors,
+            results=results,
+        ) from first
+
+    def _zero(self, i: int, kind: str) -> TensorDictBase:
+        key = (i, kind)
+        out = self._zero_cache.get(key)
+        if out is None:
+            spec = self._metas[i].specs["output_spec"]
+            names = ["full_observation_spec", "full_done_spec"]
+            if kind == "next":
+                names.append("full_reward_spec")
+            out = TensorDict(batch_size=self._sub_batch, device=self.device)
+            for name in names:
+                out.update(spec[name].zero())
+            self._zero_cache[key] = out
+        return out
+
+    def _assemble(self, outcomes: list[Any], indices: list[int], kind: str) -> TensorDictBase:
+        n = self.num_envs
+        if len(indices) == n:
+            return stack_results(outcomes, self._lazy)
+        tds: list[Any] = [None] * n
+        for pos, i in enumerate(indices):
+            tds[i] = outcomes[pos]
+        ref = outcomes[0]
+        for i in range(n):
+            if tds[i] is None:
+                tds[i] = self._zero(i, kind).clone() if self._lazy else torch.zeros_like(ref)
+        return stack_results(tds, self._lazy)
+
+    def _env_selection(self, mask: torch.Tensor) -> torch.Tensor:
+        return mask.reshape(self.num_envs, -1).any(-1)
+
+    def _restart_result(self, i: int, t: _Ticket, reset: Any) -> Any:
+        """The outcome reported for a step whose env was restarted: truncated, fresh obs."""
+        nxt = reset.exclude(*(k for k in reset.keys() if k in ("_reset", "env_index", "next")))
+        nxt.update(self._metas[i].specs["output_spec"]["full_reward_spec"].zero())
+        done_spec = self.full_done_spec  # the pool's: add_truncated_keys() may have added some
+        for key in self.done_keys:
+            value = done_spec[key].zero()[i]
+            last = unravel(key)[-1]
+            nxt.set(key, value if last == "terminated" else torch.ones_like(value))
+        if t.op == "step_and_maybe_reset":
+            return nxt, reset
+        return nxt
+
+    # ------------------------------------------------------------------ EnvBase hooks
+    async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        indices = self._all
+        if tensordict is None:
+            payloads: list[Any] = [(None, kwargs)] * self.num_envs
+        else:
+            sel = None
+            for key in self.reset_keys:
+                mask = tensordict.get(key, None)
+                if mask is not None:
+                    flags = self._env_selection(mask)
+                    sel = flags if sel is None else sel | flags
+            if sel is not None and not bool(sel.all()):
+                indices = sel.nonzero().squeeze(-1).tolist()
+            keys = [*self.state_keys, *self.reset_keys]
+            subs = split_inputs(tensordict, indices, keys, self._sub_batch)
+            payloads = [(s, kwargs) for s in subs]
+        outcomes = await self._run_ops("reset", indices, payloads)
+        self._raise_failures("reset", indices, outcomes)
+        return self._assemble(outcomes, indices, "reset")
+
+    def _step_keys(self) -> list[Any]:
+        keys = [*self.action_keys, *self.state_keys]
+        if self._sub_batch:
+            keys.append("_step")
+        return keys
+
+    async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        mask = tensordict.get("_step", None)
+        indices = self._all
+        sel = None
+        if mask is not None:
+            sel = self._env_selection(mask)
+            if not bool(sel.any()):
+                return self._previous_as_next(tensordict.exclude("_step", "next"))
+            if not bool(sel.all()):
+                indices = sel.nonzero().squeeze(-1).tolist()
+        inputs = split_inputs(tensordict, indices, self._step_keys(), self._sub_batch)
+        outcomes = await self._run_ops("step", indices, inputs)
+        self._raise_failures("step", indices, outcomes)
+        nxt = self._assemble(outcomes, indices, "next")
+        if sel is not None and len(indices) < self.num_envs:
+            mask_merge(nxt, tensordict.exclude("_step", "next"), sel)
+        return nxt
+
+    async def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Step every env and reset those that are done, in one operation per env."""
+        if tensordict.get("_step", None) is not None:
+            return await super().step_and_maybe_reset(tensordict)
+        self._check_open()
+        self._check_batch(tensordict)
+        self._check_actions(tensordict)
+        inputs = split_inputs(tensordict, self._all, self._step_keys(), self._sub_batch)
+        outcomes = await self._run_ops("step_and_maybe_reset", self._all, inputs)
+        self._raise_failures("step_and_maybe_reset", self._all, outcomes)
+        nxt = stack_results([o[0] for o in outcomes], self._lazy)
+        tensordict.set("next", self._step_proc_data(nxt, tensordict))
+        next_input = self._step_mdp(tensordict)
+        resets = [(i, o[1]) for i, o in enumerate(outcomes) if o[1] is not None]
+        if resets:
+            self._write_resets(next_input, resets)
+        return tensordict, next_input
+
+    def _write_resets(self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]) -> None:
+        if self._lazy:
+            for i, reset in resets:
+                td.tensordicts[i].update(reset.exclude("next", "env_index"))  # type: ignore[attr-defined]
+            return
+        written: dict[Any, torch.Tensor] = {}
+        for i, reset in resets:
+            for key in reset.keys(True, True):
+                value = reset.get(key)
+                if not isinstance(value, torch.Tensor) or unravel(key)[0] == "next":
+                    continue
+                target = written.get(key)
+                if target is None:
+                    current = td.get(key, None)
+                    if current is None:
+                        continue
+                    target = written[key] = current.clone()
+                    td.set(key, target)
+                target[i] = value
+
+    # ------------------------------------------------------------------ seeding, calls
+    async def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
+        """Seed env ``i`` with ``seed + i`` (every env with ``seed`` if ``static_seed``).
+
+        Returns the next seed to use: ``seed + num_envs`` (``seed`` if static).
+        """
+        fixed = seed is None or static_seed
+        payloads = [(seed if fixed else seed + i, True) for i in self._all]  # type: ignore[operator]
+        outcomes = await self._run_ops("seed", self._all, payloads)
+        self._raise_failures("seed", self._all, outcomes)
+        return seed if fixed else seed + self.num_envs  # type: ignore[operator]
+
+    async def _set_seed(self, seed: int | None) -> None:
+        await self.set_seed(seed)
+
+    async def call(
+        self, method: str, *args: Any, env_indices: Sequence[int] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Call ``method(*args, **kwargs)`` on the sub-envs (all, or ``env_indices``); one
+        result per env, awaited where the method is async."""
+        indices = list(self._all if env_indices is None else env_indices)
+        outcomes = await self._run_ops("call", indices, [(method, args, kwargs)] * len(indices))
+        self._raise_failures(f"call {method!r}", indices, outcomes)
+        return outcomes
+
+    async def get_attr(self, name: str, env_indices: Sequence[int] | None = None) -> list[Any]:
+        """Read attribute ``name`` of the sub-envs, each where the env lives."""
+        indices = list(self._all if env_indices is None else env_indices)
+        outcomes = await self._run_ops("getattr", indices, [name] * len(indices))
+        self._raise_failures(f"getattr {name!r}", indices, outcomes)
+        return outcomes
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the pool itself lacks: fan out to the sub-envs.
+        backend = self.__dict__.get("_backend")
+        if name.startswith("_") or backend is None or "_metas" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return [backend.getattr_sync(i, name) for i in range(self.num_envs)]
+
+    def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Random actions; for a streamed subset (an ``"env_index"`` entry), those envs' own."""
+        if tensordict is None or tensordict.batch_size == self.batch_size:
+            return super().rand_action(tensordict)
+        raw = tensordict.get("env_index", None)
+        if raw is None:
+            return super().rand_action(tensordict)
+        if tensordict.batch_size == self._sub_batch:
+            index: Any = int(torch.as_tensor(raw).reshape(-1)[0])
+        else:
+            index = torch.as_tensor(raw).reshape(tensordict.batch_size[0], -1)[:, 0]
+        tensordict.update(self.full_action_spec.rand()[index])
+        return tensordict
+
+    def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The input of the next step from a stepped tensordict (keeps ``"env_index"``)."""
+        return self._step_mdp(tensordict)
+
+    # ------------------------------------------------------------------ closing
+    async def _aclose(self) -> None:
+        for t in self._tickets:
+            if t is not None and t.timer is not None:
+                t.timer.cancel()
+        for fut in self._recv_waiters.values():
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        await self._backend.aclose(self.close_timeout)
+
+    async def close(self) -> None:
+        """Same as :meth:`aclose` (the seeds' name)."""
+        await self.aclose()
+
+
+class CoroutineAsyncEnvPool(AsyncEnvPool):
+    """:class:`AsyncEnvPool` on the coroutine backend (``backend="coroutine"``)."""
+
+    _backend_name = "coroutine"
+
+
+class ThreadingAsyncEnvPool(AsyncEnvPool):
+    """:class:`AsyncEnvPool` on the thread backend (``backend="threading"``): one thread per env."""
+
+    _backend_name = "thread"
+
+
+_BY_BACKEND: dict[str, type[AsyncEnvPool]] = {
+    "coroutine": CoroutineAsyncEnvPool,
+    "thread": ThreadingAsyncEnvPool,
+}

@@ -1,0 +1,364 @@
+"""The worker side of the process backend: a small event loop hosting several envs.
+
+A worker builds its envs from cloudpickled factories, sends their metadata, receives its
+shared-memory region, then serves commands from its socket on its own event loop (uvloop
+when installed): sync envs run inline, async ones as tasks, so one process keeps many
+high-latency envs busy. Results go back batched per loop turn, tensors through the slots.
+
+Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the parent):
+
+* parent -> worker: ``("op", env, seq, op, data)`` (``data`` None: the input is in the
+  env's ``"in"`` slot; else the pickled payload), ``("cancel", env, seq)``,
+  ``("replace", env)``, ``("attr", request, env, name)``, ``("close",)``.
+* worker -> parent: ``("meta", metas)`` / ``("failed", failure)`` once at start-up,
+  ``("r", env, seq, code, data)`` per outcome (:data:`SLOT`: in the slots; :data:`PICKLED`:
+  ``data`` is the pickled result; :data:`FAILED`: ``data`` is a pickled ``(exc, traceback)``),
+  ``("ack", env)`` for a replace, ``("attr", request, code, data)``.
+
+The worker exits when told to, when its socket reaches EOF, and when the parent process
+dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
+lifeline pipe watched by a thread everywhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.exceptions import EnvStepError
+from aenv.pool._channel import Channel, ChannelClosed
+from aenv.pool._ops import drive, execute, runs_inline
+from aenv.pool._shm import Slot, map_region, map_slots
+
+__all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
+
+SLOT, PICKLED, FAILED = 0, 1, 2
+_DUMP = pickle.HIGHEST_PROTOCOL
+
+
+def pack_failure(exc: BaseException, tb: str | None = None) -> bytes:
+    """Pickle ``(exc, traceback)``; an exception that does not survive pickling is sent as
+    an :class:`~aenv.exceptions.EnvStepError` naming its type, with the same traceback."""
+    if tb is None:
+        tb = "".join(traceback.format_exception(exc))
+    try:
+        blob = pickle.dumps((exc, tb), protocol=_DUMP)
+        pickle.loads(blob)
+    except Exception:
+        name = type(exc).__name__
+        sub = EnvStepError(f"{name}: {exc}", remote_type=name, remote_traceback=tb)
+        blob = pickle.dumps((sub, tb), protocol=_DUMP)
+    return blob
+
+
+def _build(fn: Callable[[], EnvBase]) -> EnvBase:
+    env = fn()
+    if not isinstance(env, EnvBase):
+        raise TypeError(f"an env factory must return an aenv EnvBase, got {type(env).__name__}")
+    return env
+
+
+def _guard_parent(lifeline_fd: int, parent_pid: int | None) -> None:
+    """Exit when the parent dies: death signal (Linux) and a thread on the lifeline pipe."""
+    if parent_pid is not None and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # it died before the prctl
+            os._exit(1)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(lifeline_fd, 1):
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="aenv-lifeline", daemon=True).start()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def worker_main(
+    sock: socket.socket,
+    lifeline: Any,
+    fns_blob: bytes,
+    indices: list[int],
+    parent_pid: int | None,
+    num_threads: int | None,
+) -> None:
+    """Entry point of a worker process (see the module docstring)."""
+    _guard_parent(lifeline.fileno(), parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    chan = Channel(sock)
+    import cloudpickle
+
+    fns: dict[int, Callable[[], EnvBase]] = {}
+    envs: dict[int, EnvBase] = {}
+    try:
+        for i, fn in zip(indices, cloudpickle.loads(fns_blob)):
+            fns[i] = fn
+            envs[i] = _build(fn)
+        metas = {i: EnvMetaData.metadata_from_env(env) for i, env in envs.items()}
+        chan.send([("meta", metas)])
+        chan.flush_blocking()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            chan.send([("failed", pack_failure(exc))])
+            chan.flush_blocking(5.0)
+        os._exit(1)
+    try:
+        fd = chan.recv_fd()
+        ((_, size, layouts),) = chan.recv_blocking(limit=1)[0]
+        flat = map_region(fd, size)
+        os.close(fd)
+    except (ChannelClosed, OSError, ValueError):
+        os._exit(1)
+    slots = {i: map_slots(flat, layouts.get(i)) for i in indices}
+    runtime = _Runtime(chan, envs, fns, slots)
+    loop = _new_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(runtime.serve())
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+class _Runtime:
+    """The serving loop of one worker."""
+
+    def __init__(
+        self,
+        chan: Channel,
+        envs: dict[int, EnvBase],
+        fns: dict[int, Callable[[], EnvBase]],
+        slots: dict[int, dict[str, Slot] | None],
+    ) -> None:
+        self.chan = chan
+        self.envs = envs
+        self.fns = fns
+        self.slots = slots
+        self.broken: dict[int, bytes] = {}
+        self.seq: dict[int, int | None] = dict.fromkeys(envs)
+        self.tasks: dict[int, asyncio.Task[Any]] = {}
+        self.queued: dict[int, deque[tuple[Any, ...]]] = {i: deque() for i in envs}
+        self.retired: set[asyncio.Task[Any]] = set()
+        self.out: list[tuple[Any, ...]] = []
+        self.flush_scheduled = False
+        self.parent_gone = False
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.chan.attach(loop, self._on_readable)
+        # Commands that arrived with the handshake's last frame are already buffered.
+        self._handle_frames(self.chan.take_buffered())
+        await self.done
+        await self._shutdown(1.0 if self.parent_gone else 5.0)
+
+    # ------------------------------------------------------------------ commands
+    def _on_readable(self) -> None:
+        try:
+            frames = self.chan.read_frames()
+        except ChannelClosed:
+            self.parent_gone = True
+            self._stop()
+            return
+        self._handle_frames(frames)
+
+    def _handle_frames(self, frames: list[Any]) -> None:
+        for frame in frames:
+            for cmd in frame:
+                self._handle(cmd)
+        self._flush()
+
+    def _handle(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        if kind == "op":
+            _, i, seq, _, _ = cmd
+            self.seq[i] = seq
+            if i in self.tasks:
+                self.queued[i].append(cmd)
+            else:
+                self._start(cmd)
+        elif kind == "cancel":
+            _, i, seq = cmd
+            if self.seq.get(i) == seq:
+                self.seq[i] = None
+                self.queued[i].clear()
+                task = self.tasks.get(i)
+                if task is not None:
+                    task.cancel()
+        elif kind == "replace":
+            self._replace(cmd[1])
+        elif kind == "attr":
+            _, request, i, name = cmd
+            try:
+                env = self.envs[i]
+                data = pickle.dumps(getattr(env, name), protocol=_DUMP)
+                self.out.append(("attr", request, PICKLED, data))
+            except Exception as exc:
+                self.out.append(("attr", request, FAILED, pack_failure(exc)))
+        elif kind == "close":
+            self._stop()
+
+    def _stop(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _start(self, cmd: tuple[Any, ...]) -> None:
+        _, i, seq, op, data = cmd
+        if i in self.broken:
+            self.out.append(("r", i, seq, FAILED, self.broken[i]))
+            return
+        env = self.envs[i]
+        try:
+            if data is None:
+                slots = self.slots[i]
+                assert slots is not None
+                payload: Any = slots["in"].td.clone()
+            else:
+                payload = pickle.loads(data)
+        except Exception as exc:
+            self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+            return
+        if runs_inline(env, op, payload):
+            try:
+                result = drive(execute(env, op, payload))
+            except Exception as exc:
+                self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+            else:
+                self._reply(i, seq, op, result)
+            return
+        self.tasks[i] = self.loop.create_task(self._run(i, seq, env, op, payload))
+
+    async def _run(self, i: int, seq: int, env: EnvBase, op: str, payload: Any) -> None:
+        failure: bytes | None = None
+        result: Any = None
+        try:
+            result = await execute(env, op, payload)
+        except asyncio.CancelledError:
+            failure = b""
+        except Exception as exc:
+            failure = pack_failure(exc)
+        task = asyncio.current_task()
+        if self.tasks.get(i) is not task:
+            return  # given up by a replace
+        del self.tasks[i]
+        if self.seq.get(i) == seq:
+            if failure is None:
+                self._reply(i, seq, op, result)
+            elif failure:
+                self.out.append(("r", i, seq, FAILED, failure))
+        queued = self.queued[i]
+        if queued:
+            self._start(queued.popleft())
+        self._schedule_flush()
+
+    def _reply(self, i: int, seq: int, op: str, result: Any) -> None:
+        slots = self.slots.get(i)
+        if slots is not None:
+            if op == "step":
+                if slots["next"].write(result):
+                    self.out.append(("r", i, seq, SLOT, None))
+                    return
+            elif op == "reset":
+                if slots["reset"].write(result):
+                    self.out.append(("r", i, seq, SLOT, None))
+                    return
+            elif op == "step_and_maybe_reset":
+                nxt, rst = result
+                if slots["next"].write(nxt) and (rst is None or slots["reset"].write(rst)):
+                    self.out.append(("r", i, seq, SLOT, rst is not None))
+                    return
+        try:
+            data = pickle.dumps(result, protocol=_DUMP)
+        except Exception as exc:
+            self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+        else:
+            self.out.append(("r", i, seq, PICKLED, data))
+
+    def _replace(self, i: int) -> None:
+        self.seq[i] = None
+        self.queued[i].clear()
+        self.out.append(("ack", i))
+        self._flush()
+        task = self.tasks.pop(i, None)
+        if task is not None:
+            task.cancel()
+            self._retire(task)
+        old = self.envs.pop(i, None)
+        if old is not None:
+            self._retire(self.loop.create_task(_quiet_close(old)))
+        self.broken.pop(i, None)
+        try:
+            self.envs[i] = _build(self.fns[i])
+        except Exception as exc:
+            self.broken[i] = pack_failure(exc)
+
+    def _retire(self, task: asyncio.Task[Any]) -> None:
+        self.retired.add(task)
+        task.add_done_callback(self.retired.discard)
+
+    # ------------------------------------------------------------------ replies
+    def _schedule_flush(self) -> None:
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.out and not self.parent_gone:
+            out, self.out = self.out, []
+            try:
+                self.chan.send(out)
+            except ChannelClosed:
+                self.parent_gone = True
+                self._stop()
+
+    # ------------------------------------------------------------------ closing
+    async def _shutdown(self, timeout: float) -> None:
+        pending = [*self.tasks.values(), *self.retired]
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                if pending:
+                    await asyncio.wait(pending)
+                for env in self.envs.values():
+                    await _quiet_close(env)
+        self._flush()
+        with contextlib.suppress(Exception):
+            self.chan.flush_blocking(timeout)
+
+
+async def _quiet_close(env: EnvBase) -> None:
+    with contextlib.suppress(Exception):
+        await env.aclose()

@@ -1,0 +1,139 @@
+"""I/O-free helpers of the pool: splitting a batch into per-env inputs and stacking results.
+
+Both are on the hot path of every whole-batch call, so they work key by key (one
+``torch.stack`` per entry, one index per entry) instead of through generic TensorDict
+stacking and unbinding, and fall back to tensordict's own where the data is not plain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+
+from aenv._mdp import NestedKey
+
+__all__ = ["split_inputs", "stack_results", "unbind0"]
+
+
+def split_inputs(
+    td: TensorDictBase,
+    indices: Sequence[int],
+    keys: Sequence[NestedKey],
+    sub_batch: torch.Size,
+) -> list[TensorDictBase]:
+    """Per-env inputs for ``indices``: the ``keys`` entries of ``td`` at each index.
+
+    A lazy stack along dim 0 hands out its own sub-tensordicts (heterogeneous envs).
+    """
+    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
+        return [td.tensordicts[i] for i in indices]
+    cols: list[tuple[NestedKey, torch.Tensor]] = []
+    for key in keys:
+        value = td.get(key, None)
+        if value is None:
+            continue
+        if type(value) is not torch.Tensor:
+            return [td[i].select(*(k for k, _ in cols), key, strict=False) for i in indices]
+        cols.append((key, value))
+    out = []
+    for i in indices:
+        sub = TensorDict(batch_size=sub_batch, device=td.device)
+        for key, value in cols:
+            sub.set(key, value[i])
+        out.append(sub)
+    return out
+
+
+def _entries(td: TensorDictBase) -> dict[str, Any] | None:
+    """A plain TensorDict's own entry dict (tensordict's fast path), else None."""
+    if type(td) is not TensorDict:
+        return None
+    entries = getattr(td, "_tensordict", None)
+    return entries if type(entries) is dict else None
+
+
+def _fast_stack(tds: Sequence[TensorDictBase]) -> TensorDictBase | None:
+    """Stack plain TensorDicts with identical keys entry by entry; None when not plain."""
+    dicts = []
+    for td in tds:
+        entries = _entries(td)
+        if entries is None:
+            return None
+        dicts.append(entries)
+    first = dicts[0]
+    keys = first.keys()
+    if any(d.keys() != keys for d in dicts[1:]):
+        return None
+    out = {}
+    for key, v0 in first.items():
+        values = [d[key] for d in dicts]
+        if type(v0) is torch.Tensor:
+            shape = v0.shape
+            if any(type(v) is not torch.Tensor or v.shape != shape for v in values):
+                return None
+            out[key] = torch.stack(values)
+        elif type(v0) is TensorDict:
+            sub = _fast_stack(values)
+            if sub is None:
+                return None
+            out[key] = sub
+        else:
+            return None
+    return TensorDict(out, batch_size=(len(tds), *tds[0].batch_size), device=tds[0].device)
+
+
+def unbind0(td: TensorDictBase) -> list[TensorDictBase]:
+    """``td.unbind(0)``, entry by entry for plain TensorDicts (one ``unbind`` per tensor)."""
+    entries = _entries(td)
+    if entries is None:
+        return list(td.unbind(0))
+    k = td.batch_size[0]
+    cols = {}
+    for key, value in entries.items():
+        if type(value) is torch.Tensor:
+            cols[key] = value.unbind(0)
+        elif type(value) is TensorDict:
+            cols[key] = unbind0(value)  # type: ignore[assignment]
+        else:
+            return list(td.unbind(0))
+    sub_bs, device = td.batch_size[1:], td.device
+    return [
+        TensorDict({key: col[j] for key, col in cols.items()}, batch_size=sub_bs, device=device)
+        for j in range(k)
+    ]
+
+
+def stack_results(tds: Sequence[TensorDictBase], lazy: bool) -> TensorDictBase:
+    """Stack per-env results along a new dim 0: dense (a contiguous copy) or lazy."""
+    if lazy:
+        return LazyStackedTensorDict.lazy_stack(list(tds), dim=0)
+    out = _fast_stack(tds)
+    if out is not None:
+        return out
+    try:
+        return torch.stack(list(tds), dim=0)  # type: ignore[arg-type,return-value]
+    except RuntimeError:
+        # Entries some envs lack (a restarted env's "truncated", say): fill them with zeros.
+        return torch.stack(_fill_missing(tds), dim=0)  # type: ignore[arg-type,return-value]
+
+
+def _fill_missing(tds: Sequence[TensorDictBase]) -> list[TensorDictBase]:
+    examples: dict[NestedKey, torch.Tensor] = {}
+    for td in tds:
+        for key in td.keys(True, True):
+            if key not in examples:
+                value = td.get(key)
+                if isinstance(value, torch.Tensor):
+                    examples[key] = value
+    out = []
+    for td in tds:
+        missing = [k for k in examples if td.get(k, None) is None]
+        if missing:
+            td = td.copy()
+            for key in missing:
+                td.set(key, torch.zeros_like(examples[key]))
+        out.append(td)
+    return out

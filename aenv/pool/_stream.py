@@ -1,0 +1,261 @@
+"""The streaming half of the pool: send work to some envs, receive results as each finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import anyio
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from aenv.exceptions import BatchSizeError, EnvClosedError
+from aenv.pool._backend import Failure
+from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
+from aenv.pool._stacking import stack_results, unbind0
+
+__all__ = ["StreamMixin"]
+
+IndexLike = int | Sequence[int] | torch.Tensor
+
+
+class StreamMixin(_Dispatcher):
+    """``async_*_send`` / ``async_*_recv`` and :meth:`stream` of :class:`AsyncEnvPool`."""
+
+    _sub_batch: torch.Size
+    _lazy: bool
+    _check_open: Callable[[], None]  # EnvBase's
+
+    # ------------------------------------------------------------------ send
+    def async_step_send(
+        self, tensordict: TensorDictBase, env_index: IndexLike | None = None
+    ) -> None:
+        """Start a step on some envs without waiting; collect it with :meth:`async_step_recv`.
+
+        ``tensordict`` holds one env's input (its batch size is the sub-env's) or a batch of
+        them along dim 0; the target envs come from ``env_index`` or from the tensordict's
+        ``"env_index"`` entry. Raises :class:`~aenv.exceptions.EnvBusyError` (and sends
+        nothing) if one of them is still working.
+        """
+        self._send("step", tensordict, env_index)
+
+    def async_reset_send(
+        self, tensordict: TensorDictBase | None = None, env_index: IndexLike | None = None
+    ) -> None:
+        """Start a reset on some envs (``env_index`` or the ``"env_index"`` entry)."""
+        self._send("reset", tensordict, env_index)
+
+    def async_step_and_maybe_reset_send(
+        self, tensordict: TensorDictBase, env_index: IndexLike | None = None
+    ) -> None:
+        """Start a step-and-reset-if-done on some envs; see :meth:`async_step_send`."""
+        self._send("step_and_maybe_reset", tensordict, env_index)
+
+    def _send(self, op: str, td: TensorDictBase | None, env_index: IndexLike | None) -> None:
+        self._check_open()
+        indices, subs = self._split_send(td, env_index)
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"an env index appears twice in one send: {indices}")
+        self._check_free(indices)
+        for i, sub in zip(indices, subs):
+            payload: Any = (sub, {}) if op == "reset" else sub
+            t = _Ticket(i, op, payload, None, 0)
+            self._streaming[op] += 1
+            try:
+                self._enqueue(t)
+            except BaseException:
+                self._streaming[op] -= 1
+                raise
+
+    def _split_send(
+        self, td: TensorDictBase | None, env_index: IndexLike | None
+    ) -> tuple[list[int], list[TensorDictBase | None]]:
+        sub_bs = self._sub_batch
+        n = self.num_envs
+        if env_index is None:
+            if td is None or td.get("env_index", None) is None:
+                raise ValueError("pass env_index= or an 'env_index' entry in the tensordict")
+            raw = td.get("env_index")
+            single = td.batch_size == sub_bs
+            if isinstance(raw, torch.Tensor):
+                flat = raw.reshape(-1) if single else raw.reshape(raw.shape[0], -1)[:, 0]
+                idx = [int(flat[0])] if single else flat.tolist()
+            else:
+                idx = [int(raw)] if single else [int(v) for v in raw]
+        elif isinstance(env_index, int):
+            idx, single = [env_index], True
+        else:
+            idx = [
+                int(v)
+                for v in (env_index.tolist() if isinstance(env_index, torch.Tensor) else env_index)
+            ]
+            single = False
+        for i in idx:
+            if not 0 <= i < n:
+                raise IndexError(f"env index {i} out of range for a pool of {n} envs")
+        if td is None:
+            return idx, [None] * len(idx)
+        if single:
+            if td.batch_size != sub_bs:
+                raise BatchSizeError(
+                    f"a single env's input must have the sub-env batch size {tuple(sub_bs)}, got "
+                    f"{tuple(td.batch_size)}"
+                )
+            return idx, [td]
+        if td.batch_size != (len(idx), *sub_bs):
+            raise BatchSizeError(
+                f"expected an input of batch size {(len(idx), *sub_bs)} for {len(idx)} envs, got "
+                f"{tuple(td.batch_size)}"
+            )
+        if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
+            return idx, list(td.tensordicts)
+        return idx, unbind0(td)
+
+    # ------------------------------------------------------------------ receive
+    async def async_step_recv(
+        self,
+        min_get: int = 1,
+        max_get: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the pool's edge takes timeouts
+        *,
+        env_index: int | None = None,
+    ) -> TensorDictBase:
+        """Wait for at least ``min_get`` step results; return those ready (up to ``max_get``).
+
+        The result is the stack of the sent tensordicts with their ``"next"`` filled in and
+        an ``"env_index"`` entry. ``timeout`` bounds the whole call: fewer than ``min_get``
+        results by then raises :class:`TimeoutError` and nothing is lost. ``env_index``
+        waits for that env's result alone. A failed env's error is raised by the call that
+        would have returned it; results received with it stay queued for the next call.
+        """
+        return await self._recv("step", min_get, max_get, timeout, env_index)
+
+    async def async_reset_recv(
+        self,
+        min_get: int = 1,
+        max_get: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the pool's edge takes timeouts
+        *,
+        env_index: int | None = None,
+    ) -> TensorDictBase:
+        """Reset results, as :meth:`async_step_recv`."""
+        return await self._recv("reset", min_get, max_get, timeout, env_index)
+
+    async def async_step_and_maybe_reset_recv(
+        self,
+        min_get: int = 1,
+        max_get: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the pool's edge takes timeouts
+        *,
+        env_index: int | None = None,
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """``(stepped, next_input)`` stacks, both with ``"env_index"``; see :meth:`async_step_recv`."""
+        return await self._recv("step_and_maybe_reset", min_get, max_get, timeout, env_index)  # type: ignore[no-any-return]
+
+    async def stream(self, op: str = "step", *, max_get: int | None = None) -> AsyncIterator[Any]:
+        """Yield results of ``op`` as envs finish, while any sent work is still out.
+
+        Each item is what the matching ``async_*_recv`` returns (at least one env). Work sent
+        while iterating is waited for too, so a loop can re-send each env as it comes back.
+
+        Example:
+            >>> pool.async_step_send(td)
+            >>> async for out in pool.stream():
+            ...     if not done:
+            ...         pool.async_step_send(policy(pool.step_mdp(out)))
+        """
+        if op not in STREAM_OPS:
+            raise ValueError(f"op must be one of {STREAM_OPS}, got {op!r}")
+        while self._streaming[op] or self._ready[op]:
+            yield await self._recv(op, 1, max_get, None, None)
+
+    async def _wait_ready(self, op: str, enough: Any) -> None:
+        loop = asyncio.get_running_loop()
+        while not enough():
+            if self.is_closed:  # type: ignore[attr-defined]
+                raise EnvClosedError("the pool was closed while waiting for results")
+            fut = self._recv_waiters[op] = loop.create_future()
+            try:
+                await fut
+            finally:
+                self._recv_waiters[op] = None
+
+    async def _recv(
+        self,
+        op: str,
+        min_get: int,
+        max_get: int | None,
+        deadline_s: float | None,
+        env_index: int | None,
+    ) -> Any:
+        ready = self._ready[op]
+        if env_index is not None:
+
+            def enough() -> bool:
+                return any(item[0] == env_index for item in ready)
+
+            if not enough() and not any(
+                t is not None and t.index == env_index and t.batch is None and t.op == op
+                for t in self._tickets
+            ):
+                raise RuntimeError(f"no {op} was sent to env {env_index}")
+        else:
+            available = len(ready) + self._streaming[op]
+            if min_get > available:
+                raise RuntimeError(
+                    f"cannot wait for {min_get} {op} result(s): only {available} sent and not "
+                    "yet received"
+                )
+
+            def enough() -> bool:
+                return len(ready) >= min_get
+
+        if not enough():
+            scope = (
+                anyio.fail_after(deadline_s) if deadline_s is not None else contextlib.nullcontext()
+            )
+            with scope:
+                await self._wait_ready(op, enough)
+        if env_index is not None:
+            item = next(it for it in ready if it[0] == env_index)
+            ready.remove(item)
+            items = [item]
+        else:
+            take = len(ready) if max_get is None else min(max_get, len(ready))
+            items = [ready.popleft() for _ in range(take)]
+        for k, item in enumerate(items):
+            if isinstance(item[1], Failure):
+                ready.extendleft(reversed(items[:k] + items[k + 1 :]))
+                raise item[1].exc
+        return self._stack_stream(op, items)
+
+    def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
+        idx = torch.tensor([it[0] for it in items], dtype=torch.int64)
+        if self._sub_batch:
+            idx = idx.reshape(-1, *([1] * len(self._sub_batch))).expand(-1, *self._sub_batch)
+        if op == "reset":
+            out = stack_results([it[1] for it in items], self._lazy)
+            out.set("env_index", idx)
+            return out
+        stepped = []
+        for _, result, t in items:
+            sent = t.payload
+            nxt, reset = (result, None) if op == "step" else result
+            sent.set("next", nxt)
+            stepped.append(sent)
+        out = stack_results(stepped, self._lazy)
+        out.set("env_index", idx)
+        if op == "step":
+            return out
+        nexts = []
+        for (_, result, _), sent in zip(items, stepped):
+            nxt_input = self._step_mdp(sent)  # type: ignore[attr-defined]
+            reset = result[1]
+            if reset is not None:
+                nxt_input.update(reset)
+            nexts.append(nxt_input)
+        nxt_out = stack_results(nexts, self._lazy)
+        nxt_out.set("env_index", idx.clone())
+        return out, nxt_out
