@@ -295,7 +295,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                 continue
             prev = td.get(key, None)
             if prev is not None:
-                flat.set(key, prev)
+                # a copy: partial steps write the stepped elements into it
+                flat.set(key, prev.clone())
         return flat
 
     def _zero_output(self) -> TensorDictBase:

@@ -272,7 +272,9 @@ class TensorSpec:
             if dest == self.dtype:
                 return self
             self._check_dtype(dest)
-            new = self._copy_with(self.shape, None)
+            old = self.dtype
+            # value-like params (bounds) follow the dtype; masks and the like keep theirs
+            new = self._copy_with(self.shape, lambda t: t.to(dest) if t.dtype == old else t)
             new.dtype = dest
             return new
         device = to_device(dest)

@@ -267,3 +267,14 @@ class TestNonTensor:
         assert NonTensor(example_data="a") == NonTensor(example_data="a")
         assert NonTensor(example_data="a") != NonTensor(example_data="b")
         assert NonTensor(shape=(2,)) != NonTensor()
+
+
+def test_bounded_to_dtype_moves_bounds_and_still_samples():
+    import torch
+
+    from aenv.specs import Bounded
+
+    spec = Bounded(-1.0, 1.0, shape=(3,), dtype=torch.float64).to(torch.float32)
+    assert spec.low.dtype == torch.float32 and spec.high.dtype == torch.float32
+    sample = spec.rand()
+    assert sample.dtype == torch.float32 and spec.is_in(sample)
