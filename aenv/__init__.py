@@ -48,6 +48,7 @@ from aenv.libs.gym import (
     to_gymnasium,
     to_gymnasium_vector,
 )
+from aenv.pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
 from aenv.specs import (
     Binary,
     Bounded,
@@ -63,6 +64,7 @@ from aenv.specs import (
     Unbounded,
     make_composite_from_td,
 )
+from aenv.sync import SerialEnv, SyncEnv, rollout
 from aenv.transforms import (
     ActionDiscretizer,
     ActionMask,
@@ -111,6 +113,12 @@ from aenv.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncEnvPool",
+    "CoroutineAsyncEnvPool",
+    "ThreadingAsyncEnvPool",
+    "SyncEnv",
+    "SerialEnv",
+    "rollout",
     "ActionDiscretizer",
     "ActionMask",
     "AutoResetEnv",

@@ -34,6 +34,12 @@ import torch  # noqa: E402
 from benchmarks._common import expected_latency, print_table  # noqa: E402
 
 
+def _backends() -> list[str]:
+    from aenv.pool import BACKENDS
+
+    return [b for b in ("coroutine", "thread", "process") if b in BACKENDS]
+
+
 def _make_pool(n: int, backend: str = "coroutine", **env_kwargs: Any) -> Any:
     from aenv.pool import AsyncEnvPool
     from aenv.testing import LatencyEnv
@@ -121,10 +127,8 @@ def spread_rows(quick: bool) -> list[dict[str, Any]]:
 
 
 def startup_rows(quick: bool) -> list[dict[str, Any]]:
-    from aenv.pool import available_backends
-
     rows = []
-    for backend in available_backends():
+    for backend in _backends():
         if backend == "ray":
             continue
         for n in [8] if quick else [8, 64]:
@@ -174,11 +178,9 @@ def memory_rows(quick: bool) -> list[dict[str, Any]]:
 
 
 def cost_rows(quick: bool) -> list[dict[str, Any]]:
-    from aenv.pool import available_backends
-
     sizes = [1, 8, 64] if quick else [1, 8, 64, 256]
     rows = []
-    for backend in available_backends():
+    for backend in _backends():
         if backend == "ray":
             continue
         for n in sizes:

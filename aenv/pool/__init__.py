@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from aenv.pool._backend import BACKENDS, Backend, Failure, backend_class
 from aenv.pool._pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
+from aenv.pool._process_pool import ProcessorAsyncEnvPool
 
 __all__ = [
     "BACKENDS",
@@ -15,6 +16,7 @@ __all__ = [
     "Backend",
     "CoroutineAsyncEnvPool",
     "Failure",
+    "ProcessorAsyncEnvPool",
     "ThreadingAsyncEnvPool",
     "backend_class",
 ]

@@ -93,6 +93,7 @@ __all__ = [
 BACKENDS: dict[str, str] = {
     "coroutine": "aenv.pool._coroutine:CoroutineBackend",
     "thread": "aenv.pool._thread:ThreadBackend",
+    "process": "aenv.pool._process:ProcessBackend",
 }
 
 #: Names accepted as synonyms (the seeds' spellings).
@@ -104,8 +105,6 @@ ALIASES: dict[str, str] = {
 
 #: Names kept for backends still to come, with what to use meanwhile.
 RESERVED_BACKENDS: dict[str, str] = {
-    "process": "the process backend is not available yet; use backend='thread' for blocking "
-    "envs or backend='coroutine' for async ones",
     "ray": "the Ray backend is not available yet; use backend='thread' or 'coroutine'",
 }
 

@@ -109,9 +109,12 @@ class StreamMixin(_Dispatcher):
                 f"expected an input of batch size {(len(idx), *sub_bs)} for {len(idx)} envs, got "
                 f"{tuple(td.batch_size)}"
             )
+        subs: list[TensorDictBase | None]
         if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
-            return idx, list(td.tensordicts)
-        return idx, unbind0(td)
+            subs = list(td.tensordicts)
+        else:
+            subs = list(unbind0(td))
+        return idx, subs
 
     # ------------------------------------------------------------------ receive
     async def async_step_recv(

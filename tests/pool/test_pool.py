@@ -37,7 +37,7 @@ async def test_backend_classes_and_names():
     assert type(pool) is CoroutineAsyncEnvPool
     await pool.aclose()
     with pytest.raises(BackendUnavailableError, match="not available yet"):
-        AsyncEnvPool((2, CountingEnv), backend="multiprocessing")
+        AsyncEnvPool((2, CountingEnv), backend="ray")
     with pytest.raises(ValueError, match="unknown pool backend"):
         AsyncEnvPool((2, CountingEnv), backend="nope")
 

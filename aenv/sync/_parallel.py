@@ -1,0 +1,94 @@
+"""ParallelEnv: the seeds' sync API over a process pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aenv.envs._common import EnvBase
+from aenv.sync._facades import SyncEnv
+from aenv.sync._runner import Runner
+
+__all__ = ["ParallelEnv"]
+
+
+class ParallelEnv(SyncEnv):
+    """``num_workers`` envs in worker processes, as one sync env (the seeds' ``ParallelEnv``).
+
+    A sync facade over a process :class:`~aenv.pool.AsyncEnvPool`: batch size
+    ``(num_workers, *sub_batch)``, partial resets through ``"_reset"``, attribute reads
+    fanned out to the sub-envs (``a, b, c, d = env.g``), ``rollout``, context manager,
+    ``close()``. As in the seeds, ``num_workers`` counts sub-envs; how many processes host
+    them is ``num_processes`` (default: one per CPU core, at most one per env) or
+    ``envs_per_worker``. Workers are started with ``spawn``: build the env under
+    ``if __name__ == "__main__":`` in scripts.
+
+    Args:
+        num_workers: number of sub-envs.
+        create_env_fn: an env factory (an :class:`~aenv.EnvCreator`, a class, a lambda...),
+            or one per sub-env.
+        create_env_kwargs: keyword arguments for the factories (one dict or one per env).
+        num_processes: worker processes (default ``min(num_workers, cpu_count)``).
+        envs_per_worker: sub-envs per worker process, instead of ``num_processes``.
+        start_method: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``.
+        **pool_kwargs: passed to :class:`~aenv.pool.AsyncEnvPool` (``stack``,
+            ``on_error``, ``step_timeout``, ``backend_options``, ...).
+
+    Example:
+        >>> from aenv.sync import ParallelEnv
+        >>> from aenv.testing import CountingEnv
+        >>> with ParallelEnv(4, CountingEnv, {"max_steps": 3}, num_processes=2) as env:
+        ...     td = env.rollout(2)
+        ...     a, b, c, d = env.max_steps
+        >>> td.batch_size
+        torch.Size([4, 2])
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        create_env_fn: Callable[..., EnvBase] | Sequence[Callable[..., EnvBase]],
+        create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        num_processes: int | None = None,
+        envs_per_worker: int | None = None,
+        start_method: str | None = None,
+        runner: Runner | None = None,
+        **pool_kwargs: Any,
+    ) -> None:
+        from aenv.pool import ProcessorAsyncEnvPool
+
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if callable(create_env_fn):
+            fns = [create_env_fn] * num_workers
+        else:
+            fns = list(create_env_fn)
+            if len(fns) != num_workers:
+                raise ValueError(f"{len(fns)} env factories for {num_workers} workers")
+        backend = pool_kwargs.pop("backend", "process")
+        if backend not in ("process", "multiprocessing"):
+            raise ValueError(f"ParallelEnv runs on the process backend, not {backend!r}")
+        pool = ProcessorAsyncEnvPool(
+            fns,
+            create_env_kwargs=create_env_kwargs,
+            num_workers=num_processes,
+            envs_per_worker=envs_per_worker,
+            start_method=start_method,
+            **pool_kwargs,
+        )
+        super().__init__(pool, runner=runner)
+
+    @property
+    def num_workers(self) -> int:
+        """Number of sub-envs (the seeds' meaning)."""
+        return self.env.num_envs  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes."""
+        return self.env.worker_pids  # type: ignore[attr-defined,no-any-return]
+
+    def start(self) -> ParallelEnv:
+        """Kept for the seeds' API: workers start when the env is built."""
+        return self
