@@ -71,30 +71,36 @@ def complete_done(
     tensor to use where a level has no entry at all.
     """
     for prefix, names in groups.items():
-        sub = td.get(prefix) if prefix else td
+        sub = td.get(prefix, None) if prefix else td
         if sub is None:
             continue
+        has_term = "terminated" in names
         done: Any = sub.get("done", None) if "done" in names else None
-        term: Any = sub.get("terminated", None) if "terminated" in names else None
-        trunc = sub.get("truncated", None) if "truncated" in names else None
-        if term is None and done is None:
-            if zeros is None or prefix not in zeros:
-                continue
-            term = zeros[prefix]
-            if trunc is None:
-                done = term
+        term: Any = sub.get("terminated", None) if has_term else None
+        trunc: Any = sub.get("truncated", None) if "truncated" in names else None
         if term is None:
-            term = done
-        if done is None:
-            done = term if trunc is None else term | trunc
+            if done is not None:
+                term = done.clone()
+            elif zeros is not None and prefix in zeros:
+                term = zeros[prefix].clone()
+            else:
+                continue
+            if has_term:
+                sub.set("terminated", term)
+            if done is None:
+                done = term.clone() if trunc is None else term | trunc
+            elif trunc is not None:
+                done = done | trunc
+            else:
+                done = None  # given, and term is its copy: nothing to change
+        elif done is None:
+            done = term.clone() if trunc is None else term | trunc
         else:
             done = done | term if trunc is None else done | term | trunc
-        if "terminated" in names:
-            sub.set("terminated", term)
-        if "done" in names:
+        if done is not None and "done" in names:
             sub.set("done", done)
-        if "truncated" in names and trunc is None:
-            sub.set("truncated", torch.zeros_like(done))
+        if trunc is None and "truncated" in names:
+            sub.set("truncated", torch.zeros_like(term))
     return td
 
 

@@ -239,3 +239,24 @@ def test_step_mdp_does_not_share_nested_containers():
     out = step_mdp(td)
     out.update(TensorDict({"ep": {"r": torch.zeros(1)}}, []))
     assert td["next", "ep", "r"].item() == 1.0
+
+
+def test_complete_done_cases_and_no_aliasing():
+    from aenv._mdp import complete_done
+
+    groups = {(): ["done", "terminated", "truncated"]}
+    zeros = {(): torch.zeros(1, dtype=torch.bool)}
+    t, f = torch.tensor([True]), torch.tensor([False])
+    # nothing given: zeros, and the cached zero tensor is not handed out
+    td = complete_done(TensorDict({}, []), groups, zeros)
+    assert not td["done"].any() and not td["terminated"].any() and not td["truncated"].any()
+    assert td["terminated"] is not zeros[()] and td["done"] is not td["terminated"]
+    # only done: terminated is a copy, not the same tensor
+    td = complete_done(TensorDict({"done": t.clone()}, []), groups, zeros)
+    assert td["terminated"].item() and td["terminated"] is not td["done"]
+    # only terminated + truncated: done is the union
+    td = complete_done(TensorDict({"terminated": f.clone(), "truncated": t.clone()}, []), groups, zeros)
+    assert td["done"].item() and not td["terminated"].item()
+    # done given False, truncated True: done becomes True
+    td = complete_done(TensorDict({"done": f.clone(), "truncated": t.clone()}, []), groups, zeros)
+    assert td["done"].item() and not td["terminated"].item()
