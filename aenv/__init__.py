@@ -12,6 +12,7 @@ from aenv import exceptions
 from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.envs import (
     EnvBase,
+    EnvCreator,
     EnvMetaData,
     ExplorationType,
     PendulumEnv,
@@ -48,7 +49,12 @@ from aenv.libs.gym import (
     to_gymnasium,
     to_gymnasium_vector,
 )
-from aenv.pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
+from aenv.pool import (
+    AsyncEnvPool,
+    CoroutineAsyncEnvPool,
+    ProcessorAsyncEnvPool,
+    ThreadingAsyncEnvPool,
+)
 from aenv.specs import (
     Binary,
     Bounded,
@@ -64,7 +70,7 @@ from aenv.specs import (
     Unbounded,
     make_composite_from_td,
 )
-from aenv.sync import SerialEnv, SyncEnv, rollout
+from aenv.sync import ParallelEnv, SerialEnv, SyncEnv, rollout
 from aenv.transforms import (
     ActionDiscretizer,
     ActionMask,
@@ -113,6 +119,9 @@ from aenv.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "EnvCreator",
+    "ParallelEnv",
+    "ProcessorAsyncEnvPool",
     "AsyncEnvPool",
     "CoroutineAsyncEnvPool",
     "ThreadingAsyncEnvPool",

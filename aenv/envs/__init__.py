@@ -1,6 +1,7 @@
 """Async envs: the base class, helpers and built-in envs."""
 
 from aenv.envs._common import EnvBase
+from aenv.envs._creator import EnvCreator
 from aenv.envs._pendulum import PendulumEnv
 from aenv.envs._utils import (
     EnvMetaData,
@@ -14,6 +15,7 @@ from aenv.envs._utils import (
 
 __all__ = [
     "EnvBase",
+    "EnvCreator",
     "EnvMetaData",
     "ExplorationType",
     "PendulumEnv",

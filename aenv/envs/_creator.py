@@ -38,12 +38,13 @@ class EnvCreator:
         create_env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(create_env_fn, EnvCreator):
-            create_env_kwargs = {**create_env_fn.create_env_kwargs, **(create_env_kwargs or {})}
-            create_env_fn = create_env_fn.create_env_fn
+            inner: EnvCreator = create_env_fn
+            create_env_kwargs = {**inner.create_env_kwargs, **(create_env_kwargs or {})}
+            create_env_fn = inner.create_env_fn
         if not callable(create_env_fn):
             raise TypeError(f"create_env_fn must be callable, got {type(create_env_fn).__name__}")
-        self.create_env_fn = create_env_fn
-        self.create_env_kwargs = dict(create_env_kwargs or {})
+        self.create_env_fn: Callable[..., EnvBase] = create_env_fn
+        self.create_env_kwargs: dict[str, Any] = dict(create_env_kwargs or {})
         self._meta_data: EnvMetaData | None = None
 
     def __call__(self, **kwargs: Any) -> EnvBase:

@@ -1,5 +1,5 @@
-"""Env pools: many envs as one async env, on coroutine or thread backends (process and Ray
-to come), whole-batch or streaming results as each env finishes.
+"""Env pools: many envs as one async env, on coroutine, thread or process backends, with
+whole-batch or streaming results as each env finishes.
 
 Backends plug in by name through :mod:`aenv.pool._backend` (its docstring is the contract).
 """

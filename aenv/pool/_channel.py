@@ -211,7 +211,7 @@ class Channel:
 
 def _split(buf: bytes | bytearray, limit: int | None = None) -> tuple[list[Any], int]:
     """Whole frames at the start of ``buf`` and the number of bytes they use."""
-    frames = []
+    frames: list[Any] = []
     pos = 0
     size = len(buf)
     hsize = _HEADER.size

@@ -29,19 +29,17 @@ import signal
 import socket
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import anyio
-import torch
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BackendUnavailableError, EnvStepError, WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
 from aenv.pool._channel import Channel, ChannelClosed
+from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly
+from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import FAILED, PICKLED, SLOT, worker_main
 from aenv.pool._shm import Slot, make_region, map_region, map_slots, plan_layout
 
@@ -53,32 +51,7 @@ _DUMP = pickle.HIGHEST_PROTOCOL
 _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 
 
-class _Worker:
-    """The parent's handle on one worker process."""
-
-    def __init__(self, wid: int, indices: list[int], blob: bytes) -> None:
-        self.wid = wid
-        self.indices = indices
-        self.blob = blob
-        self.proc: Any = None
-        self.chan: Channel | None = None
-        self.state = "starting"  # starting | ready | dead | broken | closed
-        self.outbox: list[tuple[Any, ...]] = []
-        self.region_fd = -1
-        self.region_size = 0
-        self.layouts: dict[int, Any] = {}
-        self.flat: torch.Tensor | None = None
-        self.ack_timers: dict[int, asyncio.TimerHandle] = {}
-        self.kill_reason: str | None = None
-        self.failure: Failure | None = None
-        self.exit_timer: asyncio.TimerHandle | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-
-class ProcessBackend(Backend):
+class ProcessBackend(ClosingMixin, Backend):
     """Runs sub-envs in worker processes (see the module docstring).
 
     Options (``backend_options=`` of the pool):
@@ -126,6 +99,7 @@ class ProcessBackend(Backend):
         self._slots: list[dict[str, Slot] | None] = []
         self._inflight: list[tuple[int, str] | None] = []
         self._lost: list[str | None] = []
+        self._last_cmd: list[tuple[Any, ...] | None] = []
         self._seq = itertools.count(1)
         self._requests = itertools.count(1)
         self._replies: dict[int, tuple[int, bytes]] = {}
@@ -135,7 +109,7 @@ class ProcessBackend(Backend):
         self._procs: list[Any] = []
         self._lifeline: Any = None
         self._lifeline_r: Any = None
-        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        self._finalizer = weakref.finalize(self, kill_all, self._procs)
 
     # ------------------------------------------------------------------ start
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -155,6 +129,7 @@ class ProcessBackend(Backend):
         self._slots = [None] * n
         self._inflight = [None] * n
         self._lost = [None] * n
+        self._last_cmd = [None] * n
         try:
             for wid, indices in enumerate(groups):
                 blob = cloudpickle.dumps([self.env_fns[i] for i in indices])
@@ -175,7 +150,7 @@ class ProcessBackend(Backend):
         parent_sock, child_sock = socket.socketpair()
         main_thread = threading.current_thread() is threading.main_thread()
         watch_pid = os.getpid() if self.start_method != "forkserver" and main_thread else None
-        proc = self._ctx.Process(
+        proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=worker_main,
             args=(child_sock, self._lifeline_r, w.blob, w.indices, watch_pid, self.num_threads),
             name=f"aenv-worker-{w.wid}",
@@ -341,12 +316,14 @@ class ProcessBackend(Backend):
         if not (
             slots is not None
             and op in ("step", "step_and_maybe_reset")
-            and slots["in"].write(payload)
+            and slots["in"].write_input(payload)
         ):
             data = pickle.dumps(payload, protocol=_DUMP)
         seq = next(self._seq)
         self._inflight[env_index] = (seq, op)
-        w.outbox.append(("op", env_index, seq, op, data))
+        cmd = ("op", env_index, seq, op, data)
+        self._last_cmd[env_index] = cmd
+        w.outbox.append(cmd)
         self._schedule_flush()
 
     def cancel(self, env_index: int) -> bool:
@@ -386,7 +363,11 @@ class ProcessBackend(Backend):
     # ------------------------------------------------------------------ faults
     def _crash_error(self, w: _Worker, env_index: int | None, when: str = "") -> WorkerCrashedError:
         code = w.proc.exitcode if w.proc is not None else None
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with code {code}"
+        )
         msg = f"worker {w.wid} (pid {w.pid}) {how}" + (f" {when}" if when else "")
         if w.kill_reason:
             msg += f": {w.kill_reason}"
@@ -414,7 +395,7 @@ class ProcessBackend(Backend):
             return
         # The socket closes a moment before the process is gone: wait for its sentinel.
         loop.add_reader(proc.sentinel, self._reap, w, starting)
-        w.exit_timer = loop.call_later(2.0, _kill_quietly, proc)
+        w.exit_timer = loop.call_later(2.0, kill_quietly, proc)
 
     def _reap(self, w: _Worker, starting: bool) -> None:
         proc = w.proc
@@ -430,12 +411,26 @@ class ProcessBackend(Backend):
         if self._closing:
             return
         pending = [i for i in w.indices if self._inflight[i] is not None]
+        # A reset sent to a worker we killed for not answering is sent again to its
+        # successor (it is what a lost env needs); everything else in flight failed.
+        retry = [
+            self._last_cmd[i]
+            for i in pending
+            if w.kill_reason and self._inflight[i][1] == "reset"  # type: ignore[index]
+        ]
         for i in w.indices:
             self._inflight[i] = None
             self._lost[i] = str(self._crash_error(w, None))
-        w.outbox = [m for m in w.outbox if m[0] == "op" and m[3] in _DIRECT_OPS]
+        w.outbox = []
+        for cmd in retry:
+            assert cmd is not None
+            i = cmd[1]
+            self._inflight[i] = (cmd[2], cmd[3])
+            self._lost[i] = None
+            w.outbox.append(cmd)
         for i in pending:
-            self._deliver(i, Failure(self._crash_error(w, i), ""))
+            if self._inflight[i] is None:
+                self._deliver(i, Failure(self._crash_error(w, i), ""))
         if starting or not self.restart_workers:
             w.failure = Failure(self._crash_error(w, None, "and was not restarted"), "")
             self._fail_worker_envs(w, w.failure)
@@ -462,7 +457,7 @@ class ProcessBackend(Backend):
         if w.state == "broken" and w.failure is not None:
             raise w.failure.exc
         chan = w.chan
-        if w.state != "ready" and w.state != "starting" or chan is None:
+        if (w.state != "ready" and w.state != "starting") or chan is None:
             raise self._crash_error(w, env_index)
         request = next(self._requests)
         later: list[tuple[_Worker, tuple[Any, ...]]] = []
@@ -498,116 +493,3 @@ class ProcessBackend(Backend):
             loop.call_soon(fn, *args)
         else:
             fn(*args)
-
-    # ------------------------------------------------------------------ closing
-    def abort(self) -> None:
-        self._closing = True
-        for w in self._workers:
-            if w.chan is not None:
-                w.chan.close()
-            if w.proc is not None:
-                _kill_quietly(w.proc)
-                w.proc.join(5.0)
-            w.state = "closed"
-        self._release()
-
-    async def aclose(self, timeout: float = 5.0) -> None:
-        self._closing = True
-        loop = asyncio.get_running_loop()
-        live = [w for w in self._workers if w.proc is not None and w.state != "closed"]
-        for w in live:
-            for timer in w.ack_timers.values():
-                timer.cancel()
-            if w.exit_timer is not None:
-                w.exit_timer.cancel()
-            if w.chan is None or w.chan.closed:
-                continue
-            if w.state == "ready":
-                with contextlib.suppress(ChannelClosed):
-                    w.chan.send([("close",)])
-                if w.chan.loop is not loop:
-                    w.chan.attach(loop, functools.partial(self._drain, w))
-            else:
-                w.chan.close()  # a starting worker exits on EOF
-        procs = [w.proc for w in live]
-        deadline = time.monotonic() + timeout
-        await _wait_exit(procs, timeout)
-        for proc in procs:
-            if proc.exitcode is None:
-                proc.terminate()
-        await _wait_exit(procs, min(1.0, max(0.1, deadline - time.monotonic())))
-        for proc in procs:
-            if proc.exitcode is None:
-                _kill_quietly(proc)
-        for proc in procs:
-            proc.join(5.0)
-        for w in self._workers:
-            if w.chan is not None:
-                w.chan.close()
-            w.state = "closed"
-        self._release()
-
-    def _drain(self, w: _Worker) -> None:
-        chan = w.chan
-        if chan is None or chan.closed:
-            return
-        try:
-            chan.read_frames()
-        except ChannelClosed:
-            chan.close()
-
-    def _release(self) -> None:
-        for w in self._workers:
-            if w.region_fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(w.region_fd)
-                w.region_fd = -1
-        for conn in (self._lifeline, self._lifeline_r):
-            if conn is not None:
-                conn.close()
-        self._lifeline = self._lifeline_r = None
-        self._procs.clear()
-
-
-async def _wait_exit(procs: list[Any], timeout: float) -> None:
-    """Wait (without blocking the loop) until every process exited, at most ``timeout``."""
-    loop = asyncio.get_running_loop()
-    waits = []
-    for proc in procs:
-        if proc.exitcode is not None:
-            continue
-        proc.join(0)
-        if proc.exitcode is not None:
-            continue
-        fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(proc.sentinel, _set_done, fut)
-        waits.append((proc, fut))
-    if not waits:
-        return
-    try:
-        with anyio.move_on_after(timeout):
-            await asyncio.gather(*(f for _, f in waits))
-    finally:
-        for proc, _ in waits:
-            loop.remove_reader(proc.sentinel)
-            proc.join(0)
-
-
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _kill_quietly(proc: Any) -> None:
-    with contextlib.suppress(Exception):
-        if proc.exitcode is None:
-            proc.kill()
-
-
-def _kill_all(procs: list[Any]) -> None:
-    """Finalizer of a backend dropped without being closed."""
-    for proc in procs:
-        _kill_quietly(proc)
-    for proc in procs:
-        with contextlib.suppress(Exception):
-            proc.join(1.0)

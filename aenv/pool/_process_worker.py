@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +49,8 @@ __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
 SLOT, PICKLED, FAILED = 0, 1, 2
 _DUMP = pickle.HIGHEST_PROTOCOL
+#: Seconds a finished result may wait for its siblings' to go out in the same frame.
+_HOLD = 0.0005
 
 
 def pack_failure(exc: BaseException, tb: str | None = None) -> bytes:
@@ -170,6 +173,7 @@ class _Runtime:
         self.queued: dict[int, deque[tuple[Any, ...]]] = {i: deque() for i in envs}
         self.retired: set[asyncio.Task[Any]] = set()
         self.out: list[tuple[Any, ...]] = []
+        self.out_since = 0.0
         self.flush_scheduled = False
         self.parent_gone = False
 
@@ -223,9 +227,9 @@ class _Runtime:
             try:
                 env = self.envs[i]
                 data = pickle.dumps(getattr(env, name), protocol=_DUMP)
-                self.out.append(("attr", request, PICKLED, data))
+                self._put(("attr", request, PICKLED, data))
             except Exception as exc:
-                self.out.append(("attr", request, FAILED, pack_failure(exc)))
+                self._put(("attr", request, FAILED, pack_failure(exc)))
         elif kind == "close":
             self._stop()
 
@@ -236,24 +240,28 @@ class _Runtime:
     def _start(self, cmd: tuple[Any, ...]) -> None:
         _, i, seq, op, data = cmd
         if i in self.broken:
-            self.out.append(("r", i, seq, FAILED, self.broken[i]))
+            self._put(("r", i, seq, FAILED, self.broken[i]))
             return
         env = self.envs[i]
         try:
             if data is None:
                 slots = self.slots[i]
                 assert slots is not None
-                payload: Any = slots["in"].td.clone()
+                # a shallow copy: the env reads the slot's tensors (as TorchRL's workers
+                # read their buffers); entries it adds do not land in the slot
+                payload: Any = slots["in"].td.copy()
             else:
                 payload = pickle.loads(data)
         except Exception as exc:
-            self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+            self._put(("r", i, seq, FAILED, pack_failure(exc)))
             return
         if runs_inline(env, op, payload):
+            if self.out and time.perf_counter() - self.out_since > _HOLD:
+                self._flush()  # do not hold finished results behind a slow env
             try:
                 result = drive(execute(env, op, payload))
             except Exception as exc:
-                self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+                self._put(("r", i, seq, FAILED, pack_failure(exc)))
             else:
                 self._reply(i, seq, op, result)
             return
@@ -276,39 +284,40 @@ class _Runtime:
             if failure is None:
                 self._reply(i, seq, op, result)
             elif failure:
-                self.out.append(("r", i, seq, FAILED, failure))
+                self._put(("r", i, seq, FAILED, failure))
         queued = self.queued[i]
         if queued:
             self._start(queued.popleft())
-        self._schedule_flush()
+        # An async op usually ends alone in its loop turn: stream it out at once.
+        self._flush()
 
     def _reply(self, i: int, seq: int, op: str, result: Any) -> None:
         slots = self.slots.get(i)
         if slots is not None:
             if op == "step":
                 if slots["next"].write(result):
-                    self.out.append(("r", i, seq, SLOT, None))
+                    self._put(("r", i, seq, SLOT, None))
                     return
             elif op == "reset":
                 if slots["reset"].write(result):
-                    self.out.append(("r", i, seq, SLOT, None))
+                    self._put(("r", i, seq, SLOT, None))
                     return
             elif op == "step_and_maybe_reset":
                 nxt, rst = result
                 if slots["next"].write(nxt) and (rst is None or slots["reset"].write(rst)):
-                    self.out.append(("r", i, seq, SLOT, rst is not None))
+                    self._put(("r", i, seq, SLOT, rst is not None))
                     return
         try:
             data = pickle.dumps(result, protocol=_DUMP)
         except Exception as exc:
-            self.out.append(("r", i, seq, FAILED, pack_failure(exc)))
+            self._put(("r", i, seq, FAILED, pack_failure(exc)))
         else:
-            self.out.append(("r", i, seq, PICKLED, data))
+            self._put(("r", i, seq, PICKLED, data))
 
     def _replace(self, i: int) -> None:
         self.seq[i] = None
         self.queued[i].clear()
-        self.out.append(("ack", i))
+        self._put(("ack", i))
         self._flush()
         task = self.tasks.pop(i, None)
         if task is not None:
@@ -328,6 +337,11 @@ class _Runtime:
         task.add_done_callback(self.retired.discard)
 
     # ------------------------------------------------------------------ replies
+    def _put(self, item: tuple[Any, ...]) -> None:
+        if not self.out:
+            self.out_since = time.perf_counter()
+        self.out.append(item)
+
     def _schedule_flush(self) -> None:
         if not self.flush_scheduled:
             self.flush_scheduled = True

@@ -155,6 +155,27 @@ class Slot:
             n += 1
         return n == self.n
 
+    def write_input(self, td: TensorDictBase) -> bool:
+        """Copy the slot's keys of ``td`` in (a step input: other entries, such as the
+        observation a streamed send carries along, are not the env's input and stay
+        behind, as in the seeds' ParallelEnv). False when a slot key is missing or does not
+        fit, or ``td`` carries a ``"_step"`` mask (pickle it instead)."""
+        if td.batch_size != self.batch_size or "_step" in td.keys():
+            return False
+        pairs = []
+        for key, dst in self.by_key.items():
+            value = td.get(key, None)
+            if (
+                type(value) is not torch.Tensor
+                or value.shape != dst.shape
+                or value.dtype != dst.dtype
+            ):
+                return False
+            pairs.append((dst, value))
+        for dst, value in pairs:
+            dst.copy_(value)
+        return True
+
     def read(self) -> TensorDictBase:
         return self.td.clone()
 

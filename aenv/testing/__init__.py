@@ -2,6 +2,7 @@
 
 from aenv.testing._counting import CountingEnv, NestedCountingEnv
 from aenv.testing._mocks import (
+    CpuBoundEnv,
     DynamicSpecEnv,
     FailingEnv,
     HangingEnv,
@@ -11,6 +12,7 @@ from aenv.testing._mocks import (
 )
 
 __all__ = [
+    "CpuBoundEnv",
     "CountingEnv",
     "DynamicSpecEnv",
     "FailingEnv",

@@ -17,6 +17,7 @@ from aenv.specs import Binary, Bounded, Categorical, Composite, NonTensor, Unbou
 from aenv.testing._counting import CountingEnv
 
 __all__ = [
+    "CpuBoundEnv",
     "DynamicSpecEnv",
     "FailingEnv",
     "HangingEnv",
@@ -292,3 +293,21 @@ class TextEnv(EnvBase):
             },
             batch_size=(),
         )
+
+
+class CpuBoundEnv(CountingEnv):
+    """A counting env whose step keeps the CPU busy for ``work_ms`` milliseconds (holding
+    the GIL, like a simulator written in Python): threads cannot overlap its steps,
+    processes can."""
+
+    def __init__(self, work_ms: float = 1.0, **kwargs: Any) -> None:
+        kwargs.setdefault("max_steps", 1_000_000_000)
+        super().__init__(**kwargs)
+        self.work_ms = work_ms
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        end = time.perf_counter() + self.work_ms / 1000.0
+        x = 0
+        while time.perf_counter() < end:
+            x += 1
+        return super()._step(tensordict)

@@ -102,7 +102,8 @@ async def test_blocking_hang_times_out_on_thread_backend():
     await pool.aclose()
 
 
-async def test_max_concurrency_caps_envs_at_work(backend):
+async def test_max_concurrency_caps_envs_at_work(in_process_backend):
+    backend = in_process_backend
     n, cap = 6, 2
     async with AsyncEnvPool(
         (n, partial(LatencyEnv, 0.01)), backend=backend, max_concurrency=cap

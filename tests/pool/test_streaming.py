@@ -21,7 +21,8 @@ def gated_pool(backend: str, n_fast: int = 3) -> AsyncEnvPool:
     return AsyncEnvPool(fns, backend=backend)
 
 
-async def test_fast_results_arrive_while_slow_env_runs(backend):
+async def test_fast_results_arrive_while_slow_env_runs(in_process_backend):
+    backend = in_process_backend
     pool = gated_pool(backend)
     try:
         td = await pool.reset()
@@ -63,7 +64,8 @@ async def test_recv_order_count_and_max_get(backend):
             await pool.async_step_recv()
 
 
-async def test_recv_timeout_keeps_results(backend):
+async def test_recv_timeout_keeps_results(in_process_backend):
+    backend = in_process_backend
     pool = gated_pool(backend, n_fast=1)
     try:
         td = await pool.reset()
@@ -120,3 +122,27 @@ async def test_latency_envs_fast_before_slow():
         pool.async_step_send(pool.rand_action(pool.step_mdp(out)))
     assert sum(pool.steps_taken[:4]) == 12 and pool.steps_taken[4] == 0
     await pool.aclose()
+
+
+async def test_fast_envs_stream_past_a_stuck_env_on_every_backend(backend):
+    """Env 3 never answers; the three others keep stepping and their results stream in."""
+    fns = [partial(CountingEnv, max_steps=1000)] * 3
+    fns.append(partial(HangingEnv, hang_after=0, mode="async", max_steps=1000))
+    pool = AsyncEnvPool(fns, backend=backend, close_timeout=2.0)
+    try:
+        td = await pool.reset()
+        actions = pool.rand_action(td)
+        pool.async_step_send(actions, env_index=[0, 1, 2, 3])
+        counts = {0: 0, 1: 0, 2: 0}
+        for _ in range(5):
+            out = await pool.async_step_recv(min_get=3, max_get=3, timeout=10)
+            got = out["env_index"].reshape(-1).tolist()
+            assert sorted(got) == [0, 1, 2]
+            for i in got:
+                counts[i] += 1
+            pool.async_step_send(actions[torch.tensor(got)], env_index=got)
+        assert counts == {0: 5, 1: 5, 2: 5}
+        with pytest.raises(EnvBusyError):
+            pool.async_step_send(actions[3], env_index=3)
+    finally:
+        await pool.aclose()

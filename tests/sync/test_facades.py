@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aenv.pool import AsyncEnvPool
-from aenv.sync import SerialEnv, SyncEnv, get_runner, rollout
+from aenv.sync import ParallelEnv, SerialEnv, SyncEnv, get_runner, rollout
 from aenv.testing import CountingEnv, LatencyEnv
 
 pytestmark = pytest.mark.timeout(30)
@@ -108,12 +108,15 @@ async def _pool_latencies(backend: str, seed: int, n: int, steps: int) -> torch.
 def test_equivalence_across_pools_serial_and_sequential():
     n, steps, seed = 3, 4, 11
     expected = asyncio.run(_sequential(seed, n, steps))
-    for backend in ("coroutine", "thread"):
+    for backend in ("coroutine", "thread", "process"):
         got = asyncio.run(_pool_latencies(backend, seed, n, steps))
         torch.testing.assert_close(got, expected)
-    with SerialEnv(n, partial(LatencyEnv, median=1e-4, sigma=1.0)) as env:
-        env.set_seed(seed)
-        td = env.rollout(
-            steps, policy=lambda t: t.set("action", torch.zeros(n, 1)), break_when_any_done=False
-        )
-    torch.testing.assert_close(td["next", "latency"].squeeze(-1), expected)
+    for facade in (SerialEnv, ParallelEnv):
+        with facade(n, partial(LatencyEnv, median=1e-4, sigma=1.0)) as env:
+            env.set_seed(seed)
+            td = env.rollout(
+                steps,
+                policy=lambda t: t.set("action", torch.zeros(n, 1)),
+                break_when_any_done=False,
+            )
+        torch.testing.assert_close(td["next", "latency"].squeeze(-1), expected)

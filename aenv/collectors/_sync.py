@@ -1,0 +1,127 @@
+"""SyncDataCollector: the seeds' collector for plain scripts, over the async Collector."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from aenv.collectors._collector import Collector
+from aenv.collectors._progress import make_progress
+from aenv.sync._runner import Runner, get_runner
+
+__all__ = ["SyncDataCollector"]
+
+
+class SyncDataCollector:
+    """The seeds' ``SyncDataCollector``: iterate batches from sync code.
+
+    A facade over :class:`~aenv.collectors.Collector` (same arguments, same meaning); every
+    batch is one call through aenv's loop runner. It collects in lockstep unless
+    ``streaming=True`` is passed (with a pool), so batches are ``[*env.batch_size, T]`` as
+    in the seeds.
+
+    Example:
+        >>> from aenv import GymEnv
+        >>> from tensordict.nn import TensorDictModule
+        >>> from torch import nn
+        >>> policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"],
+        ...                           out_keys=["action"])
+        >>> collector = SyncDataCollector(lambda: GymEnv("Pendulum-v1"), policy,
+        ...                               frames_per_batch=200, total_frames=2000,
+        ...                               max_frames_per_traj=50)
+        >>> for data in collector:
+        ...     assert data.names[-1] == "time"
+        >>> collector.shutdown()
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Callable[..., Any] | None = None,
+        *,
+        runner: Runner | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("streaming", False)
+        self.__dict__["_runner"] = runner
+        self.__dict__["collector"] = Collector(create_env_fn, policy, **kwargs)
+
+    @property
+    def collector(self) -> Collector:
+        """The async collector doing the work."""
+        return self.__dict__["collector"]  # type: ignore[no-any-return]
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        runner = self.__dict__["_runner"] or get_runner()
+        return runner.run(fn, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.collector, name)
+
+    def __repr__(self) -> str:
+        return repr(self.collector).replace("Collector(", "SyncDataCollector(", 1)
+
+    # ------------------------------------------------------------------ collecting
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` were collected (forever if -1)."""
+        c = self.collector
+        progress = make_progress(c._progress_kind, c.total_frames)
+        try:
+            while c.total_frames < 0 or c._frames < c.total_frames:
+                out = self._run(c._next_batch)
+                if progress is not None:
+                    progress.update(c._last_numel)
+                yield out
+            self._run(c._engine.drain)
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def __len__(self) -> int:
+        return len(self.collector)
+
+    def rollout(self) -> TensorDictBase:
+        """Collect one batch (before ``split_trajs`` and ``postproc``)."""
+        return self._run(self.collector.rollout)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ control
+    def reset(self, index: Any = None, **kwargs: Any) -> None:
+        """Reset the envs (all, or those at ``index``)."""
+        if kwargs:
+            raise TypeError(f"unexpected arguments to reset: {sorted(kwargs)}")
+        self._run(self.collector.reset, index)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the envs; returns the last env's seed (6 envs, seed 1 -> 6)."""
+        return self._run(self.collector.set_seed, seed, static_seed)  # type: ignore[no-any-return]
+
+    def state_dict(self) -> OrderedDict[str, Any]:
+        """The policy's and env's state, and the collector's counters."""
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any], **kwargs: Any) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.collector.load_state_dict(state_dict, **kwargs)
+
+    def update_policy_weights_(self, policy_weights: TensorDictBase | None = None) -> None:
+        """Copy new weights into the policy the collector runs."""
+        self.collector.update_policy_weights_(policy_weights)
+
+    def shutdown(self) -> None:
+        """Close the env and stop collecting; idempotent."""
+        if not self.collector._closed:
+            self._run(self.collector.shutdown)
+
+    def __enter__(self) -> SyncDataCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,166 @@
+"""Parent-side pieces of the process backend: the handle on one worker, waiting and killing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import time
+from typing import Any
+
+import anyio
+import torch
+
+from aenv.pool._backend import Failure
+from aenv.pool._channel import Channel, ChannelClosed
+
+__all__ = ["ClosingMixin", "Worker", "kill_all", "kill_quietly", "wait_exit"]
+
+
+class Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, wid: int, indices: list[int], blob: bytes) -> None:
+        self.wid = wid
+        self.indices = indices
+        self.blob = blob
+        self.proc: Any = None
+        self.chan: Channel | None = None
+        self.state = "starting"  # starting | ready | dead | broken | closed
+        self.outbox: list[tuple[Any, ...]] = []
+        self.region_fd = -1
+        self.region_size = 0
+        self.layouts: dict[int, Any] = {}
+        self.flat: torch.Tensor | None = None
+        self.ack_timers: dict[int, asyncio.TimerHandle] = {}
+        self.kill_reason: str | None = None
+        self.failure: Failure | None = None
+        self.exit_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+async def wait_exit(procs: list[Any], timeout: float) -> None:  # noqa: ASYNC109
+    """Wait (without blocking the loop) until every process exited, at most ``timeout``."""
+    loop = asyncio.get_running_loop()
+    waits = []
+    for proc in procs:
+        if proc.exitcode is not None:
+            continue
+        proc.join(0)
+        if proc.exitcode is not None:
+            continue
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(proc.sentinel, _set_done, fut)
+        waits.append((proc, fut))
+    if not waits:
+        return
+    try:
+        with anyio.move_on_after(timeout):
+            await asyncio.gather(*(f for _, f in waits))
+    finally:
+        for proc, _ in waits:
+            loop.remove_reader(proc.sentinel)
+            proc.join(0)
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def kill_quietly(proc: Any) -> None:
+    with contextlib.suppress(Exception):
+        if proc.exitcode is None:
+            proc.kill()
+
+
+def kill_all(procs: list[Any]) -> None:
+    """Finalizer of a backend dropped without being closed."""
+    for proc in procs:
+        kill_quietly(proc)
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(1.0)
+
+
+class ClosingMixin:
+    """Shutdown of :class:`~aenv.pool._process.ProcessBackend`: close, wait, terminate, kill."""
+
+    _workers: list[Worker]
+    _closing: bool
+    _lifeline: Any
+    _lifeline_r: Any
+    _procs: list[Any]
+
+    # ------------------------------------------------------------------ closing
+    def abort(self) -> None:
+        self._closing = True
+        for w in self._workers:
+            if w.chan is not None:
+                w.chan.close()
+            if w.proc is not None:
+                kill_quietly(w.proc)
+                w.proc.join(5.0)
+            w.state = "closed"
+        self._release()
+
+    async def aclose(self, grace: float = 5.0) -> None:
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        live = [w for w in self._workers if w.proc is not None and w.state != "closed"]
+        for w in live:
+            for timer in w.ack_timers.values():
+                timer.cancel()
+            if w.exit_timer is not None:
+                w.exit_timer.cancel()
+            if w.chan is None or w.chan.closed:
+                continue
+            if w.state == "ready":
+                with contextlib.suppress(ChannelClosed):
+                    w.chan.send([("close",)])
+                if w.chan.loop is not loop:
+                    w.chan.attach(loop, functools.partial(self._drain, w))
+            else:
+                w.chan.close()  # a starting worker exits on EOF
+        procs = [w.proc for w in live]
+        deadline = time.monotonic() + grace
+        await wait_exit(procs, grace)
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.terminate()
+        await wait_exit(procs, min(1.0, max(0.1, deadline - time.monotonic())))
+        for proc in procs:
+            if proc.exitcode is None:
+                kill_quietly(proc)
+        for proc in procs:
+            proc.join(5.0)
+        for w in self._workers:
+            if w.chan is not None:
+                w.chan.close()
+            w.state = "closed"
+        self._release()
+
+    def _drain(self, w: Worker) -> None:
+        chan = w.chan
+        if chan is None or chan.closed:
+            return
+        try:
+            chan.read_frames()
+        except ChannelClosed:
+            chan.close()
+
+    def _release(self) -> None:
+        for w in self._workers:
+            if w.region_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(w.region_fd)
+                w.region_fd = -1
+        for conn in (self._lifeline, self._lifeline_r):
+            if conn is not None:
+                conn.close()
+        self._lifeline = self._lifeline_r = None
+        self._procs.clear()
