@@ -24,8 +24,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anyio
-
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Backend, Failure
@@ -56,6 +54,7 @@ class _Worker:
         self.meta: EnvMetaData | None = None
         self.error: Failure | None = None
         self.abandoned = False
+        self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
         self.env: EnvBase | None = None
@@ -134,7 +133,9 @@ class _Worker:
             self.loop = asyncio.new_event_loop()
         task = self.loop.create_task(execute(env, op, payload))
         self.task = task
-        if self.abandoned:
+        # after publishing the task: a concurrent cancel_current() either sees it, or set
+        # the flag before this check
+        if self.abandoned or self.closing:
             task.cancel()
         try:
             return self.loop.run_until_complete(task)
@@ -259,13 +260,16 @@ class ThreadBackend(Backend):
         workers = self._workers + self._retired
         waits = []
         for w in workers:
+            w.closing = True
             w.stop()
             w.cancel_current()
             fut: asyncio.Future[None] = loop.create_future()
             w.when_exited(functools.partial(loop.call_soon_threadsafe, _set_done, fut))
             waits.append(fut)
-        with anyio.move_on_after(grace):
-            await asyncio.gather(*waits)
+        if waits:
+            # asyncio.wait, not gather under a timeout: a cancelled gather cancels the
+            # futures too, and a stuck worker would then pass for an exited one
+            await asyncio.wait(waits, timeout=grace)
         stuck = [w for w, f in zip(workers, waits) if not f.done()]
         for w in workers:
             if w not in stuck:
