@@ -99,7 +99,9 @@ def scale_rows(quick: bool) -> list[dict[str, Any]]:
     for n in sizes:
         rate = anyio.run(_with_pool, partial(_make_pool, n, latency=latency), stream_rate, duration)
         ideal = n / latency
-        rows.append({"envs": n, "env-steps/s": rate, "ideal": ideal, "% of ideal": 100 * rate / ideal})
+        rows.append(
+            {"envs": n, "env-steps/s": rate, "ideal": ideal, "% of ideal": 100 * rate / ideal}
+        )
     return rows
 
 
@@ -132,6 +134,7 @@ def startup_rows(quick: bool) -> list[dict[str, Any]]:
         if backend == "ray":
             continue
         for n in [8] if quick else [8, 64]:
+
             async def first_reset(n: int = n, backend: str = backend) -> float:
                 t0 = time.perf_counter()
                 pool = _make_pool(n, backend=backend)
@@ -141,7 +144,13 @@ def startup_rows(quick: bool) -> list[dict[str, Any]]:
                 finally:
                     await pool.aclose()
 
-            rows.append({"backend": backend, "envs": n, "startup to first reset (s)": anyio.run(first_reset)})
+            rows.append(
+                {
+                    "backend": backend,
+                    "envs": n,
+                    "startup to first reset (s)": anyio.run(first_reset),
+                }
+            )
     return rows
 
 

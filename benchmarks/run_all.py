@@ -31,11 +31,27 @@ from benchmarks._common import markdown_table, print_table  # noqa: E402
 BENCHMARKS = [
     ("rollout", "bench_rollout", "Single-env rollout (issue target: aenv >= 5x TorchRL)"),
     ("serial", "bench_serial", "SerialEnv of 8 cheap envs (target: >= 10x TorchRL)"),
-    ("pool_latency", "bench_pool_latency", "1,024 high-latency envs, streaming (target: >= 90% of ideal)"),
-    ("parallel", "bench_parallel", "CPU-bound CartPole on processes, and latency envs through processes"),
+    (
+        "pool_latency",
+        "bench_pool_latency",
+        "1,024 high-latency envs, streaming (target: >= 90% of ideal)",
+    ),
+    (
+        "parallel",
+        "bench_parallel",
+        "CPU-bound CartPole on processes, and latency envs through processes",
+    ),
     ("gym", "bench_gym", "GymEnv CartPole-v1 rollout vs TorchRL GymEnv vs raw gymnasium"),
-    ("collector", "bench_collector", "Streaming collector vs lockstep vs TorchRL (256 latency envs)"),
-    ("scale", "bench_scale", "Scale: envs per process, latency spread, startup, memory, cost growth"),
+    (
+        "collector",
+        "bench_collector",
+        "Streaming collector vs lockstep vs TorchRL (256 latency envs)",
+    ),
+    (
+        "scale",
+        "bench_scale",
+        "Scale: envs per process, latency spread, startup, memory, cost growth",
+    ),
 ]
 
 
@@ -44,13 +60,13 @@ def _versions() -> dict[str, str]:
     for name in ("torch", "tensordict", "gymnasium", "anyio", "numpy", "uvloop"):
         try:
             out[name] = importlib.import_module(name).__version__
-        except Exception:  # noqa: BLE001 - report what is there
+        except Exception:
             out[name] = "not installed"
     try:
         from benchmarks._peers import peer_versions
 
         out.update({f"peer {k}": v for k, v in peer_versions().items()})
-    except Exception:  # noqa: BLE001 - the peer venv may not exist yet
+    except Exception:
         pass
     return out
 
@@ -106,7 +122,9 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
     startup: list[tuple[str, float]] = []
     if isinstance(scale, dict):
         for r in scale.get("startup") or []:
-            startup.append((f"aenv {r['backend']} ({r['envs']} envs)", r["startup to first reset (s)"]))
+            startup.append(
+                (f"aenv {r['backend']} ({r['envs']} envs)", r["startup to first reset (s)"])
+            )
     for r in results.get("parallel") or []:
         if isinstance(r, dict) and "startup (s)" in r:
             startup.append((str(r.get("framework", r.get("name", "?"))), r["startup (s)"]))
@@ -128,7 +146,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="where RESULTS.md and plots go")
     parser.add_argument("--only", nargs="*", default=None, help="benchmark names to run")
     args = parser.parse_args()
-    out = args.out or (Path(tempfile.mkdtemp(prefix="aenv-bench-")) if args.quick else ROOT / "benchmarks")
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="aenv-bench-")) if args.quick else ROOT / "benchmarks"
+    )
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     failures: dict[str, str] = {}
@@ -140,7 +160,7 @@ def main() -> int:
         try:
             mod = importlib.import_module(f"benchmarks.{module}")
             res = mod.run(quick=args.quick)
-        except Exception:  # noqa: BLE001 - one failing benchmark must not hide the others
+        except Exception:
             failures[name] = traceback.format_exc()
             print(f"!! {name} failed:\n{failures[name]}", file=sys.stderr)
             sections.append(f"## {title}\n\nFAILED:\n\n```\n{failures[name][-3000:]}\n```\n")
@@ -153,12 +173,14 @@ def main() -> int:
             heading = f"{title} — {sub}" if sub else title
             print_table(heading, rows)
             text.append((f"### {sub}\n\n" if sub else "") + markdown_table("", rows).strip() + "\n")
-        text.append(f"_({elapsed:.0f} s, command: `python benchmarks/{module}.py{' --quick' if args.quick else ''}`)_\n")
+        text.append(
+            f"_({elapsed:.0f} s, command: `python benchmarks/{module}.py{' --quick' if args.quick else ''}`)_\n"
+        )
         sections.append("\n".join(text))
     plots = []
     try:
         plots = _plots(results, out)
-    except Exception:  # noqa: BLE001 - plots are optional in quick mode without matplotlib
+    except Exception:
         failures["plots"] = traceback.format_exc()
         print(f"!! plots failed:\n{failures['plots']}", file=sys.stderr)
     versions = ", ".join(f"{k} {v}" for k, v in _versions().items())

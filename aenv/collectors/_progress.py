@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+
 from aenv.exceptions import BackendUnavailableError
 
 __all__ = ["Progress", "make_progress"]

@@ -2,15 +2,16 @@
 
 The engine keeps every env of an :class:`~aenv.pool.AsyncEnvPool` busy: it runs the policy
 on whatever envs are ready (one batched call), sends each its action at once
-(``async_step_and_maybe_reset_send``), and receives results as envs finish
-(``async_step_and_maybe_reset_recv``, waiting for at least ``min_batch`` of them, or
-``max_wait`` seconds). Every received step is a frame carrying its ``"env_index"`` and
-``("collector", "traj_ids")``; a batch is the first ``frames_per_batch`` frames in arrival
-order, and frames beyond it open the next batch. Envs keep running between batches.
+(``async_step_send``), and receives results as envs finish (``async_step_recv``, waiting
+for at least ``min_batch`` of them, or ``max_wait`` seconds). Every received step is a frame
+carrying its ``"env_index"`` and ``("collector", "traj_ids")``; a batch is the first
+``frames_per_batch`` frames in arrival order, and frames beyond it open the next batch.
+Envs keep running between batches.
 
-Trajectories cut by ``max_frames_per_traj`` are counted here, per env, since a pool's
-sub-envs cannot be wrapped after the fact: the frame reaching the limit is marked truncated
-and its env is reset through ``async_reset_send``.
+Envs whose trajectory ended are reset through ``async_reset_send`` (from their next input,
+with ``"_reset"``), and their reset results are picked up as they come. Trajectories cut by
+``max_frames_per_traj`` are counted here, per env, since a pool's sub-envs cannot be
+wrapped after the fact: the frame reaching the limit is marked truncated and its env reset.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ class StreamingEngine:
         self.max_frames = max_frames_per_traj
         self.min_batch = max(int(min_batch), 1)
         self.max_wait = max_wait
-        self._need_trunc = set_truncated or max_frames_per_traj is not None
+        # sub-envs may lack the "truncated" flag a pool declares (add_truncated_keys, restarts)
+        self._need_trunc = (
+            set_truncated or max_frames_per_traj is not None or "truncated" in pool.done_keys
+        )
         self.traj_ids = torch.zeros(self.n_envs, dtype=torch.int64)
         self.step_counts = torch.zeros(self.n_envs, dtype=torch.int64)
         self.ready: list[TensorDictBase] = []
@@ -161,10 +165,7 @@ class StreamingEngine:
             ready, self.ready = self.ready, []
             for td in ready:
                 td = await act(td, random)
-                if self.reset_when_done:
-                    self.pool.async_step_and_maybe_reset_send(td)
-                else:
-                    self.pool.async_step_send(td)
+                self.pool.async_step_send(td)
                 self.in_flight += td.batch_size[0]
             count += await self._receive(chunks)
         if not chunks:
@@ -213,7 +214,7 @@ class StreamingEngine:
         pool = self.pool
         if self.resetting:
             if self.in_flight:
-                try:
+                try:  # take finished resets without waiting: steps are what we wait for
                     out = await pool.async_reset_recv(min_get=1, timeout=0)
                 except TimeoutError:
                     out = None
@@ -225,26 +226,17 @@ class StreamingEngine:
                 return 0
         if not self.in_flight:
             return 0
-        recv = (
-            pool.async_step_and_maybe_reset_recv if self.reset_when_done else pool.async_step_recv
-        )
         want = min(self.min_batch, self.in_flight)
         if want > 1 and self.max_wait is not None:
             try:
-                res = await recv(min_get=want, timeout=self.max_wait)
+                stepped = await pool.async_step_recv(min_get=want, timeout=self.max_wait)
             except TimeoutError:
-                res = await recv(min_get=1)
+                stepped = await pool.async_step_recv(min_get=1)
         else:
-            res = await recv(min_get=want)
-        if self.reset_when_done:
-            stepped, nxt = res
-        else:
-            stepped, nxt = res, None
-        return self._on_step(stepped, nxt, chunks)
+            stepped = await pool.async_step_recv(min_get=want)
+        return self._on_step(stepped, chunks)
 
-    def _on_step(
-        self, stepped: TensorDictBase, nxt: TensorDictBase | None, chunks: list[TensorDictBase]
-    ) -> int:
+    def _on_step(self, stepped: TensorDictBase, chunks: list[TensorDictBase]) -> int:
         k = stepped.batch_size[0]
         self.in_flight -= k
         idx = stepped.get("env_index")
@@ -254,28 +246,25 @@ class StreamingEngine:
         done = _done_mask(self.pool, next_td)
         self.step_counts[idx] += 1
         self.frames_per_env[idx] += 1
-        trunc = None
+        ended = done if self.reset_when_done else torch.zeros_like(done)
         if self.max_frames is not None:
             trunc = (self.step_counts[idx] >= self.max_frames) & ~done
             if bool(trunc.any()):
                 mark_truncated(next_td, _TRUNC_KEYS, trunc)
-            else:
-                trunc = None
-        ended = done if self.reset_when_done else torch.zeros_like(done)
-        if trunc is not None:
-            ended = ended | trunc
+                ended = ended | trunc
+        # one step_mdp for the whole chunk (the pool's step_and_maybe_reset does one per env)
+        nxt = self.pool.step_mdp(stepped)
         if bool(ended.any()):
             ended_envs = idx[ended]
             self.step_counts[ended_envs] = 0
             self.traj_ids[ended_envs] = self.traj_counter.take(ended_envs.numel())
-        if nxt is None:
-            nxt = self.pool.step_mdp(stepped)
-        if trunc is not None:
-            # the pool did not reset these envs (they were not done in its eyes): reset now
-            reset_envs = idx[trunc].tolist()
-            self.pool.async_reset_send(None, env_index=reset_envs)
-            self.resetting += len(reset_envs)
-            nxt = nxt[~trunc]
+            # reset the ended envs from their next input, so carried entries (policy states)
+            # survive as in step_and_maybe_reset; they come back through async_reset_recv
+            to_reset = nxt[ended]
+            to_reset.set("_reset", torch.ones(to_reset.batch_size[0], 1, dtype=torch.bool))
+            self.pool.async_reset_send(to_reset, env_index=ended_envs.tolist())
+            self.resetting += ended_envs.numel()
+            nxt = nxt[~ended]
         if nxt.batch_size[0]:
             nxt.set(TRAJ_KEY, self.traj_ids[nxt.get("env_index")])
             self.ready.append(nxt)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
 
-from aenv.collectors._collector import Collector
+from aenv.collectors._collector import Collector, DeviceLike
 from aenv.collectors._progress import make_progress
+from aenv.collectors._utils import Interruptor
+from aenv.envs._utils import ExplorationType
 from aenv.sync._runner import Runner, get_runner
 
 __all__ = ["SyncDataCollector"]
@@ -18,10 +21,10 @@ __all__ = ["SyncDataCollector"]
 class SyncDataCollector:
     """The seeds' ``SyncDataCollector``: iterate batches from sync code.
 
-    A facade over :class:`~aenv.collectors.Collector` (same arguments, same meaning); every
-    batch is one call through aenv's loop runner. It collects in lockstep unless
-    ``streaming=True`` is passed (with a pool), so batches are ``[*env.batch_size, T]`` as
-    in the seeds.
+    A facade over :class:`~aenv.collectors.Collector` (same arguments, same meaning, plus
+    ``runner``: the loop runner to use); every batch is one call through aenv's loop
+    runner. It collects in lockstep unless ``streaming=True`` is passed (with a pool), so
+    batches are ``[*env.batch_size, T]`` as in the seeds.
 
     Example:
         >>> from aenv import GymEnv
@@ -42,12 +45,44 @@ class SyncDataCollector:
         create_env_fn: Any,
         policy: Callable[..., Any] | None = None,
         *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: DeviceLike = None,
+        storing_device: DeviceLike = None,
+        policy_device: DeviceLike = None,
+        env_device: DeviceLike = None,
+        create_env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool | None = None,
+        exploration_type: ExplorationType = ExplorationType.RANDOM,
+        return_same_td: bool = False,
+        reset_when_done: bool = True,
+        interruptor: Interruptor | None = None,
+        set_truncated: bool = False,
+        use_buffers: bool | None = None,
+        replay_buffer: Any = None,
+        trust_policy: bool | None = None,
+        compile_policy: bool | dict[str, Any] | None = None,
+        cudagraph_policy: bool | dict[str, Any] | None = None,
+        streaming: bool = False,
+        min_batch: int = 1,
+        max_wait: float | None = None,
+        progress: bool | str = False,
         runner: Runner | None = None,
-        **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("streaming", False)
+        kwargs = dict(locals())
+        for name in ("self", "__class__", "create_env_fn", "policy", "runner"):
+            kwargs.pop(name, None)
         self.__dict__["_runner"] = runner
-        self.__dict__["collector"] = Collector(create_env_fn, policy, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            collector = Collector(create_env_fn, policy, **kwargs)
+        for w in caught:  # re-issued so that they point at the caller's line
+            warnings.warn(w.message, w.category, stacklevel=2)
+        self.__dict__["collector"] = collector
 
     @property
     def collector(self) -> Collector:

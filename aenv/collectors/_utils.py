@@ -164,7 +164,7 @@ def make_policy(
             "tensordict.nn.TensorDictModule, a callable taking a tensordict "
             "(`def policy(tensordict)`), or trust_policy=True."
         )
-    return TensorDictModule(policy, in_keys=in_keys, out_keys=list(env.action_keys))
+    return TensorDictModule(policy, in_keys=in_keys, out_keys=list(env.action_keys))  # type: ignore[arg-type]
 
 
 def compile_policy_fn(
@@ -264,7 +264,7 @@ def split_trajectories(
     starts = counts.cumsum(0) - counts
     cols = torch.arange(ids.numel()) - starts[rows]
     n_traj, longest = uniq.numel(), int(counts.max())
-    out = torch.zeros_like(flat[:1]).expand(n_traj, longest).clone()
+    out: TensorDictBase = torch.zeros_like(flat[:1]).expand(n_traj, longest).clone()  # type: ignore[assignment]
     out[rows, cols] = flat[order]
     mask = torch.zeros(n_traj, longest, dtype=torch.bool, device=ids.device)
     mask[rows, cols] = True

@@ -75,9 +75,7 @@ class LatencyEnv(EnvBase):
         self.sigma = sigma
         self.obs_dim = obs_dim
         self._rng = np.random.default_rng([seed, index])
-        self.observation_spec = Composite(
-            observation=Unbounded((obs_dim,), dtype=torch.float32)
-        )
+        self.observation_spec = Composite(observation=Unbounded((obs_dim,), dtype=torch.float32))
         self.action_spec = Unbounded((1,), dtype=torch.float32)
         self.reward_spec = Unbounded((1,), dtype=torch.float32)
 

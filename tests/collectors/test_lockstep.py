@@ -96,7 +96,11 @@ async def test_init_random_frames_rounds_up_to_batches():
         return td
 
     c = Collector(
-        CountingEnv(max_steps=100), policy, frames_per_batch=4, total_frames=12, init_random_frames=6
+        CountingEnv(max_steps=100),
+        policy,
+        frames_per_batch=4,
+        total_frames=12,
+        init_random_frames=6,
     )
     got = await batches(c)
     assert all(int(g["action"].max()) <= 1 for g in got[:2])  # random actions in {0, 1}
@@ -106,7 +110,11 @@ async def test_init_random_frames_rounds_up_to_batches():
 
 async def test_reset_at_each_iter():
     c = Collector(
-        CountingEnv(max_steps=100), None, frames_per_batch=3, total_frames=6, reset_at_each_iter=True
+        CountingEnv(max_steps=100),
+        None,
+        frames_per_batch=3,
+        total_frames=6,
+        reset_at_each_iter=True,
     )
     b0, b1 = await batches(c)
     assert b0["next", "observation"].squeeze(-1).tolist() == [1, 2, 3]
@@ -123,7 +131,11 @@ async def test_postproc_split_trajs_and_replay_buffer():
         return td
 
     c = Collector(
-        CountingEnv(max_steps=3), None, frames_per_batch=5, total_frames=5, split_trajs=True,
+        CountingEnv(max_steps=3),
+        None,
+        frames_per_batch=5,
+        total_frames=5,
+        split_trajs=True,
         postproc=postproc,
     )
     (b,) = await batches(c)
@@ -147,8 +159,12 @@ async def test_postproc_split_trajs_and_replay_buffer():
 @pytest.mark.parametrize("use_buffers", [True, False])
 async def test_return_same_td_and_buffers(use_buffers):
     c = Collector(
-        CountingEnv(max_steps=100), None, frames_per_batch=2, total_frames=6,
-        return_same_td=True, use_buffers=use_buffers,
+        CountingEnv(max_steps=100),
+        None,
+        frames_per_batch=2,
+        total_frames=6,
+        return_same_td=True,
+        use_buffers=use_buffers,
     )
     got = []
     async for b in c:
@@ -156,7 +172,11 @@ async def test_return_same_td_and_buffers(use_buffers):
     assert got[0][0] is got[1][0] is got[2][0]
     assert [g[1] for g in got] == [[1, 2], [3, 4], [5, 6]]
     c = Collector(
-        CountingEnv(max_steps=100), None, frames_per_batch=2, total_frames=4, use_buffers=use_buffers
+        CountingEnv(max_steps=100),
+        None,
+        frames_per_batch=2,
+        total_frames=4,
+        use_buffers=use_buffers,
     )
     b0, b1 = await batches(c)
     assert b0 is not b1 and b0["next", "observation"].squeeze(-1).tolist() == [1, 2]
@@ -204,7 +224,10 @@ async def test_exploration_type_and_devices():
         return ones_policy(td)
 
     c = Collector(
-        CountingEnv(), policy, frames_per_batch=2, exploration_type=ExplorationType.DETERMINISTIC,
+        CountingEnv(),
+        policy,
+        frames_per_batch=2,
+        exploration_type=ExplorationType.DETERMINISTIC,
         device="cpu",
     )
     b = await c.rollout()
@@ -265,3 +288,21 @@ async def test_shutdown_closes_env_and_is_idempotent():
     await c.shutdown()
     with pytest.raises(aenv.EnvClosedError):
         await c.rollout()
+
+
+async def test_reset_when_done_false_keeps_stepping():
+    c = Collector(CountingEnv(max_steps=2), None, frames_per_batch=4, reset_when_done=False)
+    b = await c.rollout()
+    assert b["next", "observation"].squeeze(-1).tolist() == [1, 2, 3, 4]
+    assert b["collector", "traj_ids"].tolist() == [0, 0, 0, 0]
+    await c.shutdown()
+
+
+async def test_progress_bar(capsys):
+    c = Collector(CountingEnv(), None, frames_per_batch=4, total_frames=8, progress=True)
+    assert len([b async for b in c]) == 2
+    err = capsys.readouterr().err
+    assert "100%" in err and "frames/s" in err
+    with pytest.raises(ValueError, match="progress"):
+        [b async for b in Collector(CountingEnv(), None, frames_per_batch=4, progress="bar")]
+    await c.shutdown()

@@ -76,7 +76,7 @@ async def test_async_policy():
 
 
 async def test_none_is_random_within_spec():
-    c, b = await collect_one(None, env=CountingEnv(max_steps=100))
+    _, b = await collect_one(None, env=CountingEnv(max_steps=100))
     assert set(b["action"].flatten().tolist()) <= {0, 1}
 
 

@@ -10,7 +10,7 @@ import torch
 from aenv import EnvStepError
 from aenv.collectors import Collector, split_trajectories
 from aenv.pool import AsyncEnvPool
-from aenv.testing import CountingEnv, FailingEnv, LatencyEnv
+from aenv.testing import CountingEnv, FailingEnv, HangingEnv, LatencyEnv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,17 +52,17 @@ async def test_list_of_factories_builds_a_streaming_pool():
 
 
 async def test_fast_envs_contribute_more_frames_than_slow_ones():
-    fns = [partial(LatencyEnv, 0.001), partial(LatencyEnv, 0.001), partial(LatencyEnv, 0.2)]
+    fns = [partial(LatencyEnv, 0.001), partial(LatencyEnv, 0.001), partial(LatencyEnv, 0.5)]
     c = Collector(AsyncEnvPool(fns), None, frames_per_batch=40)
     b = await c.rollout()
     counts = torch.bincount(b["env_index"], minlength=3).tolist()
-    assert counts[0] + counts[1] >= 38 and counts[2] <= 1
-    # lockstep on the same pool: every env gives as many frames
-    c2 = Collector(AsyncEnvPool(fns), None, frames_per_batch=6, streaming=False)
-    b2 = await c2.rollout()
-    assert b2.batch_size == torch.Size([3, 2])
+    assert counts[0] + counts[1] >= 39 and counts[2] <= 1
     await c.shutdown()
-    await c2.shutdown()
+    # lockstep on the same envs: every env gives as many frames
+    c = Collector(AsyncEnvPool(fns), None, frames_per_batch=3, streaming=False)
+    b = await c.rollout()
+    assert b.batch_size == torch.Size([3, 1])
+    await c.shutdown()
 
 
 async def test_max_frames_per_traj_in_streaming():
@@ -141,7 +141,7 @@ async def test_reset_at_each_iter_and_set_truncated_in_streaming():
 async def test_carry_over_and_reset_index():
     # 3 envs answering together: a batch of 4 leaves 2 frames for the next batch
     c = Collector(counting_pool(3), None, frames_per_batch=4, use_buffers=True)
-    b0 = await c.rollout()
+    b0 = (await c.rollout()).clone()  # rollout() returns the reused buffer
     b1 = await c.rollout()
     assert b0.batch_size == b1.batch_size == torch.Size([4])
     obs = torch.cat([b0, b1])["next", "observation"].squeeze(-1).tolist()
@@ -153,18 +153,34 @@ async def test_carry_over_and_reset_index():
     await c.shutdown()
 
 
-async def test_min_batch_and_max_wait():
-    fns = [partial(LatencyEnv, 0.0)] * 3 + [partial(LatencyEnv, 0.05)]
-    calls = []
-
+def recording_policy(calls: list[int]):
     def policy(td):
         calls.append(td.batch_size[0])
-        td["action"] = torch.zeros(td.batch_size[0], 1)
+        td["action"] = torch.zeros(td.batch_size[0], 1, dtype=torch.int64)
         return td
 
-    c = Collector(AsyncEnvPool(fns), policy, frames_per_batch=12, min_batch=4, max_wait=0.001)
+    return policy
+
+
+async def test_min_batch_waits_for_enough_ready_envs():
+    calls: list[int] = []
+    fns = [partial(HangingEnv, hang_after=10**6, max_steps=100)] * 3  # async steps, as tasks
+    c = Collector(AsyncEnvPool(fns), recording_policy(calls), frames_per_batch=12, min_batch=3)
     await c.rollout()
-    assert calls[0] == 4 and sum(calls[1:]) >= 8  # later calls run on what is ready
+    assert calls == [3, 3, 3, 3]  # never a partial batch: every call waits for all three
+    await c.shutdown()
+
+
+async def test_max_wait_runs_the_policy_on_what_is_ready():
+    calls: list[int] = []
+    # the last env never answers: waiting for a batch of 4 would stall collection forever
+    fns = [partial(CountingEnv, max_steps=100)] * 3 + [partial(HangingEnv, hang_after=0)]
+    c = Collector(
+        AsyncEnvPool(fns), recording_policy(calls), frames_per_batch=9, min_batch=4, max_wait=0.01
+    )
+    b = await c.rollout()
+    assert calls[0] == 4 and max(calls[1:]) <= 3
+    assert sorted(set(b["env_index"].tolist())) == [0, 1, 2]
     await c.shutdown()
 
 
@@ -181,13 +197,25 @@ def test_streaming_needs_a_pool():
 
 
 async def test_split_trajectories_function_on_lockstep_data():
-    c = Collector(CountingEnv(max_steps=torch.tensor([2, 3]), batch_size=(2,)), None,
-                  frames_per_batch=10)
+    c = Collector(
+        CountingEnv(max_steps=torch.tensor([2, 3]), batch_size=(2,)), None, frames_per_batch=10
+    )
     b = await c.rollout()
     out = split_trajectories(b)
     lengths = out["collector", "mask"].sum(-1).tolist()
     assert lengths == [2, 3, 2, 2, 1] and out.names == [None, "time"]
     # without trajectory ids, they are read from the done flags along time
     out2 = split_trajectories(b.exclude("collector"))
-    assert out2["collector", "mask"].sum(-1).tolist() == lengths
+    assert out2["collector", "mask"].sum(-1).tolist() == [2, 2, 1, 3, 2]  # env by env
+    await c.shutdown()
+
+
+async def test_envs_idle_after_the_last_batch():
+    fns = [partial(LatencyEnv, 0.0), partial(LatencyEnv, 0.01)]
+    pool = AsyncEnvPool(fns)
+    c = Collector(pool, None, frames_per_batch=5, total_frames=10)
+    assert len([b async for b in c]) == 2
+    assert c._engine.in_flight == 0
+    td = await pool.rand_step(await pool.reset())  # the pool is free for other work
+    assert td.batch_size == torch.Size([2])
     await c.shutdown()

@@ -255,7 +255,9 @@ def test_complete_done_cases_and_no_aliasing():
     td = complete_done(TensorDict({"done": t.clone()}, []), groups, zeros)
     assert td["terminated"].item() and td["terminated"] is not td["done"]
     # only terminated + truncated: done is the union
-    td = complete_done(TensorDict({"terminated": f.clone(), "truncated": t.clone()}, []), groups, zeros)
+    td = complete_done(
+        TensorDict({"terminated": f.clone(), "truncated": t.clone()}, []), groups, zeros
+    )
     assert td["done"].item() and not td["terminated"].item()
     # done given False, truncated True: done becomes True
     td = complete_done(TensorDict({"done": f.clone(), "truncated": t.clone()}, []), groups, zeros)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from aenv import check_env_specs
-from aenv.envs._common import EnvBase
 from aenv.exceptions import BackendUnavailableError, BatchSizeError
 from aenv.libs.gym import (
     DefaultInfoDictReader,
