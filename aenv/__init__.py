@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from aenv import exceptions
 from aenv._mdp import step_mdp, terminated_or_truncated
+from aenv.collectors import Collector, Interruptor, SyncDataCollector, split_trajectories
 from aenv.envs import (
     EnvBase,
     EnvCreator,
@@ -119,6 +120,10 @@ from aenv.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Collector",
+    "Interruptor",
+    "SyncDataCollector",
+    "split_trajectories",
     "EnvCreator",
     "ParallelEnv",
     "ProcessorAsyncEnvPool",

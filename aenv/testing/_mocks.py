@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -97,7 +98,7 @@ class LatencyEnv(EnvBase):
 
     async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         if self.reset_latency:
-            await anyio.sleep(self.reset_latency)
+            await asyncio.sleep(self.reset_latency)
         self.count = 0
         return TensorDict(self._obs(0.0), batch_size=())
 
@@ -114,7 +115,8 @@ class LatencyEnv(EnvBase):
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         lat = self.draw_latency()
         if lat > 0:
-            await anyio.sleep(lat)
+            # asyncio's sleep: the cheapest timer on the loop, as latency envs model waiting
+            await asyncio.sleep(lat)
         return self._step_out(lat)
 
 

@@ -9,13 +9,8 @@ from torch import nn
 
 from aenv.collectors import SyncDataCollector
 from aenv.libs.gym import GymEnv
-from aenv.sync import SerialEnv
+from aenv.sync import ParallelEnv, SerialEnv
 from aenv.testing import CountingEnv
-
-try:
-    from aenv.sync import ParallelEnv  # type: ignore[attr-defined]
-except ImportError:  # not exported yet: the process-pool facade lives in aenv.sync._parallel
-    from aenv.sync._parallel import ParallelEnv
 
 pytestmark = pytest.mark.timeout(120)
 
