@@ -35,6 +35,7 @@ __all__ = [
     "PeerRunError",
     "PeerVenv",
     "ensure_peer_venv",
+    "peer_versions",
     "run_peer",
 ]
 
@@ -241,6 +242,24 @@ def run_peer(
             f"--- stderr tail ---\n{proc.stderr[-4000:]}"
         )
     return result
+
+
+def peer_versions(name: str = "torchrl") -> dict[str, str]:
+    """Returns the library versions installed in the peer venv ``name`` (built if needed)."""
+    python = ensure_peer_venv(name)
+    code = (
+        "import json; from importlib import metadata as m; "
+        f"print(json.dumps({{d: m.version(d) for d in {list(_dists(name))!r}}}))"
+    )
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise PeerRunError(f"cannot read versions of peer venv {name!r}:\n{proc.stderr[-2000:]}")
+    return dict(json.loads(proc.stdout))
+
+
+def _dists(name: str) -> list[str]:
+    reqs = PEER_VENVS[name].requirements
+    return [r.split("=")[0].split(">")[0].split("<")[0].strip() for r in reqs]
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -142,3 +142,11 @@ def test_peer_script_quick_mode(script: str) -> None:
     assert result["versions"]["torch"].startswith("2.13.0")
     numbers = [v for k, v in result.items() if k.endswith("_per_s")]
     assert numbers and all(v > 0 for v in numbers), result
+
+
+@pytest.mark.slow  # skipped by conftest unless AENV_BENCH_PEERS=1
+def test_peer_versions_pins_torch_and_torchrl() -> None:
+    versions = _peers.peer_versions()
+    assert versions["torch"].startswith("2.13.0")
+    assert versions["torchrl"] == "0.14.1"
+    assert versions["tensordict"].startswith("0.14.")
