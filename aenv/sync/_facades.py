@@ -154,12 +154,7 @@ class SerialEnv(SyncEnv):
     ) -> None:
         from aenv.pool import AsyncEnvPool
 
-        if callable(create_env_fn):
-            fns = [create_env_fn] * num_workers
-        else:
-            fns = list(create_env_fn)
-            if len(fns) != num_workers:
-                raise ValueError(f"{len(fns)} env factories for {num_workers} workers")
+        fns = env_factories(num_workers, create_env_fn)
         pool_kwargs.setdefault("backend", "coroutine")
         pool = AsyncEnvPool(fns, create_env_kwargs=create_env_kwargs, **pool_kwargs)
         super().__init__(pool, runner=runner)
@@ -167,6 +162,21 @@ class SerialEnv(SyncEnv):
     @property
     def num_workers(self) -> int:
         return self.env.num_envs  # type: ignore[attr-defined,no-any-return]
+
+
+def env_factories(
+    num_workers: int,
+    create_env_fn: Callable[..., EnvBase] | Sequence[Callable[..., EnvBase]],
+) -> list[Callable[..., EnvBase]]:
+    """One factory per sub-env: ``create_env_fn`` repeated, or the given list (checked)."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if callable(create_env_fn):
+        return [create_env_fn] * num_workers
+    fns = list(create_env_fn)
+    if len(fns) != num_workers:
+        raise ValueError(f"{len(fns)} env factories for {num_workers} workers")
+    return fns
 
 
 def rollout(

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aenv.envs._common import EnvBase
-from aenv.sync._facades import SyncEnv
+from aenv.sync._facades import SyncEnv, env_factories
 from aenv.sync._runner import Runner
 
 __all__ = ["ParallelEnv"]
@@ -58,14 +58,7 @@ class ParallelEnv(SyncEnv):
     ) -> None:
         from aenv.pool import ProcessorAsyncEnvPool
 
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if callable(create_env_fn):
-            fns = [create_env_fn] * num_workers
-        else:
-            fns = list(create_env_fn)
-            if len(fns) != num_workers:
-                raise ValueError(f"{len(fns)} env factories for {num_workers} workers")
+        fns = env_factories(num_workers, create_env_fn)
         backend = pool_kwargs.pop("backend", "process")
         if backend not in ("process", "multiprocessing"):
             raise ValueError(f"ParallelEnv runs on the process backend, not {backend!r}")
