@@ -5,7 +5,10 @@ What it compares (all aenv, one run):
 * throughput vs number of coroutine envs (16 .. 10,000 LatencyEnvs, fixed 50 ms latency),
   streaming send/recv, as env-steps/s and % of the ideal ``N / latency``;
 * throughput vs latency spread (256 envs, lognormal median 20 ms, sigma 0 .. 2): streaming
-  vs lockstep (``await pool.step`` over the whole batch), % of ideal ``N / E[latency]``;
+  vs lockstep (``await pool.step`` over the whole batch), as % of the ideal: the steps the
+  same envs would complete in the same time with zero overhead, their own seeded latencies
+  replayed back to back (``aenv.testing.latency_ideal_steps``; over a short run of
+  heavy-tailed latencies, ``N / E[latency]`` would misjudge what is reachable);
 * startup time to the first reset for each backend;
 * 10,000 coroutine envs in one process: memory per env (RSS growth) and reset time;
 * cost growth: framework time per env-step with zero-latency envs, per backend and N.
@@ -31,6 +34,7 @@ if str(ROOT) not in sys.path:
 import anyio  # noqa: E402
 import torch  # noqa: E402
 
+from aenv.testing import latency_ideal_steps  # noqa: E402
 from benchmarks._common import expected_latency, print_table  # noqa: E402
 
 
@@ -114,10 +118,15 @@ def spread_rows(quick: bool) -> list[dict[str, Any]]:
         make = partial(_make_pool, n, median=median, sigma=sigma)
         streaming = anyio.run(_with_pool, make, stream_rate, duration)
         lockstep = anyio.run(_with_pool, make, lockstep_rate, duration)
-        ideal = n / expected_latency(median, sigma)
+        span = duration  # both runs stop at the first result past ``duration``
+        ideal = sum(
+            latency_ideal_steps(span, median=median, sigma=sigma, seed=i) for i in range(n)
+        ) / span
         rows.append(
             {
                 "sigma": sigma,
+                "ideal env-steps/s": ideal,
+                "N / E[latency]": n / expected_latency(median, sigma),
                 "streaming env-steps/s": streaming,
                 "lockstep env-steps/s": lockstep,
                 "streaming % ideal": 100 * streaming / ideal,

@@ -9,6 +9,7 @@ from aenv.testing._mocks import (
     LatencyEnv,
     SyncLatencyEnv,
     TextEnv,
+    latency_ideal_steps,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "NestedCountingEnv",
     "SyncLatencyEnv",
     "TextEnv",
+    "latency_ideal_steps",
 ]

@@ -262,3 +262,17 @@ def test_complete_done_cases_and_no_aliasing():
     # done given False, truncated True: done becomes True
     td = complete_done(TensorDict({"done": f.clone(), "truncated": t.clone()}, []), groups, zeros)
     assert td["done"].item() and not td["terminated"].item()
+
+
+def test_latency_ideal_steps_replays_the_env_draws():
+    from aenv.testing import latency_ideal_steps
+
+    env = LatencyEnv(median=0.01, sigma=1.0, seed=5)
+    total, steps = 0.0, 0
+    while True:
+        total += env.draw_latency()
+        if total > 0.5:
+            break
+        steps += 1
+    assert latency_ideal_steps(0.5, median=0.01, sigma=1.0, seed=5) == steps
+    assert latency_ideal_steps(1.0, latency=0.1) == 10
