@@ -1,8 +1,7 @@
 """GymEnv CartPole-v1 rollout: aenv vs TorchRL ``GymEnv`` vs a raw gymnasium loop, same run.
 
 aenv: ``await GymEnv("CartPole-v1").rollout(steps, break_when_any_done=False)`` (random actions,
-episodes reset inside the rollout), also with a torch policy (one TensorDict per step) and
-through EnvBase's generic rollout loop for reference. TorchRL's ``GymEnv`` and the raw loop
+episodes reset inside the rollout), and with a small torch policy. TorchRL's ``GymEnv`` and the raw loop
 run in TorchRL's venv (``benchmarks/peers/torchrl_gymenv_cartpole.py``); the raw loop is also
 timed here, and aenv's overhead per step is measured against it.
 
@@ -65,7 +64,6 @@ def _raw_rate(steps: int, repeats: int) -> float:
 
 
 async def _aenv_rates(steps: int, repeats: int) -> dict[str, float]:
-    from aenv import EnvBase
     from aenv.libs.gym import GymEnv
 
     env = GymEnv("CartPole-v1")
@@ -89,7 +87,6 @@ async def _aenv_rates(steps: int, repeats: int) -> dict[str, float]:
     rates = {
         "random": await timed(lambda n: env.rollout(n, break_when_any_done=False)),
         "policy": await timed(lambda n: env.rollout(n, policy, break_when_any_done=False)),
-        "generic": await timed(lambda n: EnvBase.rollout(env, n, break_when_any_done=False)),
     }
     await env.aclose()
     return rates
@@ -107,7 +104,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     variants = [
         ("aenv GymEnv.rollout (random actions)", ours["random"]),
         ("aenv GymEnv.rollout (torch policy)", ours["policy"]),
-        ("aenv EnvBase generic rollout", ours["generic"]),
         ("TorchRL GymEnv.rollout", torchrl),
         ("raw gymnasium loop (aenv venv)", raw),
         ("raw gymnasium loop (TorchRL venv)", raw_peer),

@@ -4,9 +4,10 @@
 ``sigma``). Both frameworks run the same send/recv loop for ``duration`` seconds: send a
 step to every env, then repeatedly receive whatever finished (at least one) and re-send
 those envs at once. Reported: env-steps/s and its share of the ideal ``n_envs / E[latency]``
-(a zero-overhead framework). aenv's envs await their latency (``aenv.testing.LatencyEnv``
-on the coroutine backend; the thread backend is shown too); TorchRL's block in
-``time.sleep`` in its threads (benchmarks/peers/torchrl_async_pool.py).
+(a zero-overhead framework). On the coroutine backend aenv's envs await their latency
+(``aenv.testing.LatencyEnv``); on the thread backend they block in ``time.sleep``
+(``SyncLatencyEnv``), like TorchRL's envs in its threads
+(benchmarks/peers/torchrl_async_pool.py).
 
 Run: ``python benchmarks/bench_pool_latency.py [--quick]``
 """
@@ -34,11 +35,12 @@ QUICK = {"n_envs": 64, "median": 0.01, "sigma": 1.0, "duration": 2.0, "seed": 0}
 
 async def _stream(backend: str, p: dict[str, Any]) -> dict[str, Any]:
     from aenv.pool import AsyncEnvPool
-    from aenv.testing import LatencyEnv
+    from aenv.testing import LatencyEnv, SyncLatencyEnv
 
     n = int(p["n_envs"])
+    env_cls = SyncLatencyEnv if backend == "thread" else LatencyEnv
     fns = [
-        partial(LatencyEnv, median=p["median"], sigma=p["sigma"], seed=p["seed"] * 1_000_003 + i)
+        partial(env_cls, median=p["median"], sigma=p["sigma"], seed=p["seed"] * 1_000_003 + i)
         for i in range(n)
     ]
     t_build = time.perf_counter()

@@ -43,6 +43,9 @@ class LatencyEnv(EnvBase):
         >>> td = await env.rand_step(await env.reset())
     """
 
+    # each step gives done, terminated and truncated, consistent: no completion needed
+    _done_outputs_complete = True
+
     def __init__(
         self,
         latency: float | None = None,
@@ -111,6 +114,7 @@ class LatencyEnv(EnvBase):
         out["reward"] = torch.ones(1)
         out["terminated"] = torch.zeros(1, dtype=torch.bool)
         out["truncated"] = torch.tensor([truncated])
+        out["done"] = torch.tensor([truncated])  # never terminates: done is truncated
         return TensorDict(out, batch_size=())
 
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
