@@ -95,9 +95,11 @@ class LatencyEnv(EnvBase):
         self._rng = np.random.default_rng(seed)
 
     def _obs(self, lat: float) -> dict[str, torch.Tensor]:
+        # torch.full, not torch.tensor([...]): a few µs less per step, which a pool of
+        # thousands of these envs notices
         return {
             "observation": torch.full((self.obs_dim,), float(self.count)),
-            "latency": torch.tensor([lat], dtype=torch.float32),
+            "latency": torch.full((1,), lat),
         }
 
     async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
@@ -113,8 +115,8 @@ class LatencyEnv(EnvBase):
         out = self._obs(lat)
         out["reward"] = torch.ones(1)
         out["terminated"] = torch.zeros(1, dtype=torch.bool)
-        out["truncated"] = torch.tensor([truncated])
-        out["done"] = torch.tensor([truncated])  # never terminates: done is truncated
+        out["truncated"] = torch.full((1,), truncated)
+        out["done"] = torch.full((1,), truncated)  # never terminates: done is truncated
         return TensorDict(out, batch_size=())
 
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
