@@ -119,9 +119,10 @@ def spread_rows(quick: bool) -> list[dict[str, Any]]:
         streaming = anyio.run(_with_pool, make, stream_rate, duration)
         lockstep = anyio.run(_with_pool, make, lockstep_rate, duration)
         span = duration  # both runs stop at the first result past ``duration``
-        ideal = sum(
-            latency_ideal_steps(span, median=median, sigma=sigma, seed=i) for i in range(n)
-        ) / span
+        ideal = (
+            sum(latency_ideal_steps(span, median=median, sigma=sigma, seed=i) for i in range(n))
+            / span
+        )
         rows.append(
             {
                 "sigma": sigma,

@@ -22,7 +22,9 @@ from aenv.testing import LatencyEnv
 
 
 async def main(n_envs: int = 64, batches: int = 5, frames_per_batch: int = 256) -> None:
-    pool = AsyncEnvPool([partial(LatencyEnv, median=0.02, sigma=1.0, seed=i) for i in range(n_envs)])
+    pool = AsyncEnvPool(
+        [partial(LatencyEnv, median=0.02, sigma=1.0, seed=i) for i in range(n_envs)]
+    )
     mlp = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     policy = TensorDictModule(mlp, in_keys=["observation"], out_keys=["action"])
     t0 = time.perf_counter()
@@ -31,8 +33,10 @@ async def main(n_envs: int = 64, batches: int = 5, frames_per_batch: int = 256) 
     ) as collector:
         async for batch in collector:
             envs = batch["env_index"].unique().numel()
-            print(f"batch {tuple(batch.batch_size)} from {envs} envs, "
-                  f"trajectories {batch['collector', 'traj_ids'].unique().numel()}")
+            print(
+                f"batch {tuple(batch.batch_size)} from {envs} envs, "
+                f"trajectories {batch['collector', 'traj_ids'].unique().numel()}"
+            )
     rate = batches * frames_per_batch / (time.perf_counter() - t0)
     ideal = n_envs / (0.02 * torch.tensor(0.5).exp().item())
     print(f"{rate:,.0f} frames/s, {100 * rate / ideal:.0f}% of the ideal {ideal:,.0f}")

@@ -18,6 +18,8 @@ def test_there_are_examples():
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script):
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=170
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "an example should print what it did"

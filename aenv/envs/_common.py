@@ -208,10 +208,11 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                 )
             if not tensorlike:
                 continue
-            expected = (*extra, *spec.shape)
             shape = value.shape
-            if len(shape) != len(expected) or any(
-                e != -1 and e != s for e, s in zip(expected, shape)
+            expected = spec.shape if not extra else torch.Size((*extra, *spec.shape))
+            if shape != expected and (
+                len(shape) != len(expected)
+                or any(e != -1 and e != s for e, s in zip(expected, shape))
             ):
                 raise SpecViolationError(
                     f"action {key!r} has shape {tuple(shape)}, expected {tuple(expected)} "

@@ -107,6 +107,12 @@ class SyncEnv:
         """Seed the env; returns the next seed."""
         return self._run(self.env.set_seed, seed, static_seed)  # type: ignore[no-any-return]
 
+    def check_env_specs(self, **kwargs: Any) -> None:
+        """:func:`aenv.check_env_specs` on the wrapped env, in one runner call."""
+        from aenv.envs._utils import check_env_specs
+
+        self._run(check_env_specs, self.env, **kwargs)
+
     def close(self) -> None:
         """Close the env (idempotent)."""
         if not self.env.is_closed:

@@ -120,3 +120,11 @@ def test_equivalence_across_pools_serial_and_sequential():
                 break_when_any_done=False,
             )
         torch.testing.assert_close(td["next", "latency"].squeeze(-1), expected)
+
+
+def test_check_env_specs_through_the_sync_facade():
+    with SerialEnv(2, CountingEnv) as env:
+        env.check_env_specs()
+    env = SyncEnv(CountingEnv())
+    env.check_env_specs(seed=0)
+    env.close()
