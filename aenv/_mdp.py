@@ -6,6 +6,7 @@ key lists, so sync and async paths (and every backend) call the same code.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "reset_keys_from_done_keys",
     "step_mdp",
     "terminated_or_truncated",
+    "time_named",
     "unravel",
 ]
 
@@ -298,3 +300,10 @@ def terminated_or_truncated(
         if key is not None and (level_done or write_full_false):
             sub.set(key, union.clone() if len(flags) == 1 else union)
     return any_done
+
+
+def time_named(td: TensorDictBase) -> TensorDictBase:
+    """Name the last batch dim ``"time"`` (in place where possible); returns ``td``."""
+    with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
+        td.refine_names(*([None] * (td.batch_dims - 1)), "time")
+    return td

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from aenv._mdp import unravel
-from aenv.collectors._utils import Interruptor, TrajCounter, time_named
+from aenv._mdp import time_named, unravel
+from aenv.collectors._utils import Interruptor, TrajCounter
 from aenv.envs._common import EnvBase
 from aenv.envs._rollout import _done_mask
 

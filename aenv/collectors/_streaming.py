@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from aenv._mdp import time_named
 from aenv.collectors._lockstep import TRAJ_KEY, mark_truncated
-from aenv.collectors._utils import Interruptor, TrajCounter, time_named
+from aenv.collectors._utils import Interruptor, TrajCounter
 from aenv.envs._rollout import _done_mask
 from aenv.pool import AsyncEnvPool
 

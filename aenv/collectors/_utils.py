@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
-from aenv._mdp import NestedKey, unravel
+from aenv._mdp import NestedKey, time_named, unravel
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -27,7 +27,6 @@ __all__ = [
     "is_async_policy",
     "make_policy",
     "split_trajectories",
-    "time_named",
 ]
 
 _TD_PARAM_NAMES = frozenset(("tensordict", "td"))
@@ -77,15 +76,6 @@ class TrajCounter:
         out = torch.arange(self.next_id, self.next_id + n, dtype=torch.int64)
         self.next_id += n
         return out
-
-
-def time_named(td: TensorDictBase) -> TensorDictBase:
-    """Name the last batch dim ``"time"`` (in place where possible); returns ``td``."""
-    try:
-        td.refine_names(*([None] * (td.batch_dims - 1)), "time")
-    except (RuntimeError, ValueError, NotImplementedError):
-        pass
-    return td
 
 
 # ---------------------------------------------------------------------- policies

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from aenv._mdp import unravel
+from aenv._mdp import time_named, unravel
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -125,12 +125,7 @@ async def run_rollout(
             key_t = unravel(key)
             if key_t[-1] in ("truncated", "done"):
                 last.set(key, torch.ones_like(last.get(key)))
-    out = steps.finish()
-    try:
-        out.refine_names(*([None] * (out.batch_dims - 1)), "time")
-    except (RuntimeError, ValueError, NotImplementedError):
-        pass
-    return out
+    return time_named(steps.finish())
 
 
 class _StepStore:

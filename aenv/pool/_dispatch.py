@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aenv.exceptions import EnvBusyError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["STREAM_OPS", "_Batch", "_Dispatcher", "_Ticket"]
 
