@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="duration of each latency run")
     parser.add_argument("--cpu-envs", type=int, default=4, help="CPU-bound envs (4; 0 skips)")
     parser.add_argument("--cpu-ms", type=float, default=2.0, help="CPU work per step in ms (2)")
-    parser.add_argument("--cpu-steps", type=int, default=100, help="batched CPU steps (100)")
+    parser.add_argument("--cpu-steps", type=int, default=200, help="batched CPU steps (200)")
 
 
 class _Progress:
@@ -157,8 +157,10 @@ def _cpu_runs(args: argparse.Namespace) -> list[tuple[str, float, float]]:
         ),
     ):
         with factory() as env:
-            progress = _Progress(label, ideal)
             td = env.reset()
+            for _ in range(5):  # warm up (first steps in fresh workers are slow)
+                td = step_mdp(env.step(env.rand_action(td)))
+            progress = _Progress(label, ideal)
             t0 = time.perf_counter()
             for i in range(steps):
                 td = step_mdp(env.step(env.rand_action(td)))
