@@ -23,6 +23,8 @@ from aenv.specs import Composite
 
 __all__ = ["EnvBase"]
 
+_NO_DIMS = torch.Size()
+
 
 class _EnvMeta(type):
     """Runs ``_post_init`` once the most-derived ``__init__`` has finished.
@@ -199,7 +201,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             )
 
     def _check_actions(self, td: TensorDictBase) -> None:
-        extra = td.batch_size[: td.batch_dims - len(self.batch_size)]
+        extra = self._extra_dims(td)
         for key, spec, tensorlike in self._action_checks:
             value = td.get(key, None)
             if value is None:
@@ -235,6 +237,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                     )
 
     def _extra_dims(self, td: TensorDictBase) -> torch.Size:
+        """Leading dims of ``td`` beyond the env's batch size (none on a batch-locked env)."""
+        if self._batch_locked:
+            return _NO_DIMS
         return td.batch_size[: td.batch_dims - len(self.batch_size)]
 
     # ------------------------------------------------------------------ step
@@ -286,22 +291,19 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def _previous_as_next(self, td: TensorDictBase) -> TensorDictBase:
         """The ``"next"`` of an element that did not step: its current values, zero reward."""
-        extra = self._extra_dims(td)
-        out = self.output_spec.zero(extra) if extra else self._zero_output()
+        out = self.output_spec.zero(self._extra_dims(td))
         flat = TensorDict({}, batch_size=td.batch_size, device=td.device)
         for sub in ("full_observation_spec", "full_done_spec", "full_reward_spec"):
             flat.update(out.get(sub))
+        rewards = {unravel(k) for k in self.reward_keys}
         for key in flat.keys(include_nested=True, leaves_only=True):
-            if unravel(key) in {unravel(k) for k in self.reward_keys}:
+            if unravel(key) in rewards:
                 continue
             prev = td.get(key, None)
             if prev is not None:
                 # a copy: partial steps write the stepped elements into it
                 flat.set(key, prev.clone())
         return flat
-
-    def _zero_output(self) -> TensorDictBase:
-        return self.output_spec.zero()
 
     def _step_proc_data(self, next_td: Any, input_td: TensorDictBase) -> TensorDictBase:
         if not isinstance(next_td, TensorDictBase):
