@@ -53,6 +53,7 @@ PEER_SCRIPTS: dict[str, str] = {
     "gym_vector_cartpole": "torchrl",
     "torchrl_gymenv_cartpole": "torchrl",
     "torchrl_collector_latency": "torchrl",
+    "envpool_cartpole": "envpool",
 }
 
 
@@ -96,6 +97,12 @@ PEER_VENVS: dict[str, PeerVenv] = {
             "numpy>=2",
         ),
         check="import torch, torchrl, tensordict, gymnasium, numpy; from torchrl.envs import AsyncEnvPool",
+    ),
+    # EnvPool ships C++ envs in a manylinux wheel (cp311 here); no torch needed.
+    "envpool": PeerVenv(
+        name="envpool",
+        requirements=("envpool==1.2.5", "gymnasium==1.4.0", "numpy>=2"),
+        check="import envpool, gymnasium, numpy",
     ),
 }
 

@@ -6,7 +6,9 @@ processes (aenv) vs Gymnasium ``AsyncVectorEnv`` (one process per env) and Torch
 batched stepping with auto-reset (aenv: ``rollout(steps, break_when_any_done=False)``, async
 and through the sync ``ParallelEnv`` facade), and startup time to the first reset. The peers
 run in TorchRL's venv (``benchmarks/peers/gym_vector_cartpole.py``,
-``benchmarks/peers/torchrl_parallel_cartpole.py``).
+``benchmarks/peers/torchrl_parallel_cartpole.py``). EnvPool (C++ envs in its own thread pool,
+``benchmarks/peers/envpool_cartpole.py``, own venv) is shown where it installs, as the
+native-simulator yardstick.
 
 High latency: 64 latency envs (lognormal, median 10 ms, sigma 1) on 2 workers, streamed
 (every env re-sent as soon as it returns), against the ideal ``n_envs / E[latency]``.
@@ -17,8 +19,6 @@ Run: ``python benchmarks/bench_parallel.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from functools import partial
@@ -39,29 +39,15 @@ LATENCY = {"n_envs": 64, "workers": 2, "median": 0.01, "sigma": 1.0, "duration":
 LATENCY_QUICK = {**LATENCY, "duration": 1.5}
 
 
-def _peer(name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def _peer(name: str, params: dict[str, Any], venv: str = "torchrl") -> dict[str, Any] | None:
+    """A peer's result, or None (with a note) when its venv cannot be built here."""
+    from benchmarks._peers import PeerRunError, run_peer
+
     try:
-        from benchmarks._peers import run_peer  # type: ignore[import-not-found]
-    except ImportError:
-        run_peer = None
-    if run_peer is not None:
-        return run_peer(name, **params)  # type: ignore[no-any-return]
-    python = ROOT / "benchmarks" / "_venvs" / "torchrl" / "bin" / "python"
-    if not python.exists():
+        return run_peer(name, venv=venv, **params)
+    except PeerRunError as exc:
+        print(f"peer {name} unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
         return None
-    script = ROOT / "benchmarks" / "peers" / f"{name}.py"
-    try:
-        out = subprocess.run(
-            [str(python), str(script), json.dumps(params)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-        )
-    except (subprocess.SubprocessError, OSError) as exc:
-        print(f"peer {name} failed: {exc}", file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def _cartpole() -> Any:
@@ -151,6 +137,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     peer_params = {"n_envs": cpu["n_envs"], "steps": cpu["steps"], "repeats": cpu["repeats"]}
     gym = _peer("gym_vector_cartpole", {**peer_params, "kinds": ["async"]})
     trl = _peer("torchrl_parallel_cartpole", peer_params)
+    envpool = _peer("envpool_cartpole", {**peer_params, "threads": cpu["workers"]}, venv="envpool")
     ours = get_runner().run(_aenv_cartpole, cpu)
     ours_sync = _aenv_cartpole_sync(cpu)
     gym_rate = gym["async_env_steps_per_s"] if gym else None
@@ -176,6 +163,13 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     row("aenv ParallelEnv (sync facade)", w, ours_sync["env_steps_per_s"], ours_sync["startup_s"])
     row("Gymnasium AsyncVectorEnv", n, gym_rate, gym.get("async_startup_s") if gym else None)
     row("TorchRL ParallelEnv", n, trl_rate, trl.get("startup_s") if trl else None)
+    if envpool is not None:  # "where it installs": a C++ simulator, for scale
+        row(
+            f"EnvPool (C++ envs, {w} threads)",
+            1,
+            envpool["env_steps_per_s"],
+            envpool["startup_s"],
+        )
     res = get_runner().run(_aenv_latency, lat)
     ideal = ideal_throughput(int(lat["n_envs"]), float(lat["median"]), float(lat["sigma"]))
     rows.append(
