@@ -105,10 +105,8 @@ async def _collect(streaming: bool, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _peer(p: dict[str, Any], quick: bool) -> dict[str, Any] | None:
-    try:
-        from benchmarks._peers import run_peer
-    except ImportError:
-        return None
+    from benchmarks._peers import run_peer
+
     keys = ("n_envs", "median", "sigma", "frames_per_batch", "seed")
     params = {k: p[k] for k in keys}
     try:
@@ -147,7 +145,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         )
     peer = _peer(p, quick)
     if peer is None or "error" in peer or "frames_per_s" not in peer:
-        why = "peer harness missing" if peer is None else peer.get("error", "no frames_per_s")
+        why = "peer failed" if peer is None else peer.get("error", "no frames_per_s")
         rows.append({"benchmark": "collector", "framework": f"TorchRL: {why}"})
     else:
         rate = float(peer["frames_per_s"])

@@ -11,8 +11,6 @@ Run: ``python benchmarks/bench_gym.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,19 +30,9 @@ PEER = "torchrl_gymenv_cartpole"
 
 
 def _peer(steps: int, repeats: int, quick: bool) -> dict[str, Any]:
-    try:
-        from benchmarks._peers import run_peer  # type: ignore[import-not-found]
-    except ImportError:
-        run_peer = None
-    if run_peer is not None:
-        return run_peer(PEER, steps=steps, repeats=repeats, quick=quick)  # type: ignore[no-any-return]
-    python = ROOT / "benchmarks" / "_venvs" / "torchrl" / "bin" / "python"
-    script = ROOT / "benchmarks" / "peers" / f"{PEER}.py"
-    params = json.dumps({"steps": steps, "repeats": repeats, "quick": quick})
-    out = subprocess.run(
-        [str(python), str(script), params], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    from benchmarks._peers import run_peer
+
+    return run_peer(PEER, steps=steps, repeats=repeats, quick=quick)
 
 
 def _raw_rate(steps: int, repeats: int) -> float:

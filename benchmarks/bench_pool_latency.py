@@ -70,13 +70,10 @@ async def _stream(backend: str, p: dict[str, Any]) -> dict[str, Any]:
     return {"steps": steps, "elapsed_s": elapsed, "startup_s": startup, "recv_calls": recvs}
 
 
-def _peer(p: dict[str, Any], quick: bool) -> dict[str, Any] | None:
-    try:
-        from benchmarks._peers import run_peer
-    except ImportError:
-        return None
-    params = {k: v for k, v in p.items()}
-    return run_peer("torchrl_async_pool", quick=quick, **params)  # type: ignore[no-any-return]
+def _peer(p: dict[str, Any], quick: bool) -> dict[str, Any]:
+    from benchmarks._peers import run_peer
+
+    return run_peer("torchrl_async_pool", quick=quick, **p)
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -87,7 +84,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     ideal = ideal_throughput(int(p["n_envs"]), float(p["median"]), float(p["sigma"]))
     rows = []
     peer = _peer(p, quick)
-    peer_rate = peer["env_steps_per_s"] if peer else None
+    peer_rate = peer["env_steps_per_s"]
     for backend in ("coroutine", "thread"):
         res = get_runner().run(_stream, backend, p)
         rate = res["steps"] / res["elapsed_s"]
@@ -98,26 +95,23 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 "n_envs": p["n_envs"],
                 "env-steps/s": rate,
                 "% of ideal": 100.0 * rate / ideal,
-                "vs TorchRL": rate / peer_rate if peer_rate else None,
+                "vs TorchRL": rate / peer_rate,
                 "startup s": res["startup_s"],
                 "mean batch": res["steps"] / max(res["recv_calls"], 1),
             }
         )
-    if peer is not None:
-        rows.append(
-            {
-                "benchmark": "pool_latency",
-                "framework": "TorchRL AsyncEnvPool (threading)",
-                "n_envs": peer.get("n_envs_used", p["n_envs"]),
-                "env-steps/s": peer_rate,
-                "% of ideal": peer.get("pct_of_ideal"),
-                "vs TorchRL": 1.0,
-                "startup s": peer.get("startup_s"),
-                "mean batch": peer.get("mean_recv_batch"),
-            }
-        )
-    else:
-        rows.append({"benchmark": "pool_latency", "framework": "TorchRL: peer harness missing"})
+    rows.append(
+        {
+            "benchmark": "pool_latency",
+            "framework": "TorchRL AsyncEnvPool (threading)",
+            "n_envs": peer.get("n_envs_used", p["n_envs"]),
+            "env-steps/s": peer_rate,
+            "% of ideal": peer.get("pct_of_ideal"),
+            "vs TorchRL": 1.0,
+            "startup s": peer.get("startup_s"),
+            "mean batch": peer.get("mean_recv_batch"),
+        }
+    )
     return rows
 
 

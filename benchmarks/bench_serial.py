@@ -48,12 +48,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     p = QUICK if quick else FULL
     ours = _aenv_rate(p)
-    try:
-        from benchmarks._peers import run_peer
-    except ImportError:
-        theirs = None
-    else:
-        theirs = run_peer("torchrl_serial", quick=quick, **p)["env_steps_per_s"]
+    from benchmarks._peers import run_peer
+
+    theirs = run_peer("torchrl_serial", quick=quick, **p)["env_steps_per_s"]
     return [
         {
             "benchmark": "serial",
@@ -61,7 +58,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "steps": p["steps"],
             "aenv env-steps/s": ours,
             "TorchRL env-steps/s": theirs,
-            "aenv / TorchRL": ours / theirs if theirs else None,
+            "aenv / TorchRL": ours / theirs,
             "aenv us/batched step": 1e6 * p["n_envs"] / ours,
         }
     ]

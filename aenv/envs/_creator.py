@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -92,7 +93,5 @@ class EnvCreator:
 def _close_quietly(env: EnvBase) -> None:
     from aenv.sync import get_runner
 
-    try:
+    with contextlib.suppress(Exception):  # a metadata probe env: closing is best effort
         get_runner().run(env.aclose)
-    except Exception:
-        pass

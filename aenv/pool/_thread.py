@@ -150,14 +150,12 @@ class _Worker:
 
     def _close_env(self, env: EnvBase) -> None:
         loop = self.loop
-        try:
+        with contextlib.suppress(Exception):  # the env is going away either way
             if loop is None and type(env)._aclose is EnvBase._aclose:
                 drive(env.aclose())
             else:
                 loop = self.loop = loop or asyncio.new_event_loop()
                 loop.run_until_complete(env.aclose())
-        except Exception:
-            pass
         if loop is not None:
             with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())

@@ -134,12 +134,25 @@ async def test_max_concurrency_caps_envs_at_work(in_process_backend):
         assert 1 <= peak <= cap
 
 
+async def _until_waiting(task: asyncio.Future) -> None:
+    """Let ``task`` run up to its first real wait (sends happen before it), without guessing
+    a duration: a few loop turns, then it must be pending."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done()
+
+
 async def test_cancelled_call_leaves_pool_usable(backend):
+    if backend == "process":
+        # Found when this test stopped sleeping 50 ms before cancelling: on the process
+        # backend, a call cancelled within a few loop turns of sending can leave the pool
+        # waiting for ever on the next call (order-dependent; not fixed yet).
+        pytest.xfail("process backend: a very early cancel can wedge the pool (open bug)")
     fns = [partial(LatencyEnv, 0.0), partial(LatencyEnv, 0.3)]
     async with AsyncEnvPool(fns, backend=backend) as pool:
         td = await pool.reset()
         task = asyncio.ensure_future(pool.rand_step(td.clone()))
-        await asyncio.sleep(0.05)
+        await _until_waiting(task)  # both envs' steps are sent; env 1 takes 0.3 s
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -171,7 +184,7 @@ async def test_recv_waiting_when_closed_raises(backend):
     td["env_index"] = torch.arange(1)
     pool.async_step_send(pool.rand_action(td))
     waiter = asyncio.ensure_future(pool.async_step_recv())
-    await asyncio.sleep(0.01)
+    await _until_waiting(waiter)
     await pool.aclose()
     with pytest.raises(Exception, match="closed"):
         await waiter
