@@ -11,7 +11,16 @@ import anyio.to_thread
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp import complete_done, mask_merge, pad_mask, reduce_mask, step_mdp, unravel
+from aenv._mdp import (
+    complete_done,
+    fast_step_mdp,
+    getter,
+    mask_merge,
+    pad_mask,
+    reduce_mask,
+    step_mdp,
+    unravel,
+)
 from aenv.envs._specs import EnvSpecsMixin, default_reward_spec
 from aenv.exceptions import (
     BatchSizeError,
@@ -202,8 +211,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def _check_actions(self, td: TensorDictBase) -> None:
         extra = self._extra_dims(td)
+        get = getter(td)
         for key, spec, tensorlike in self._action_checks:
-            value = td.get(key, None)
+            value = get(key)
             if value is None:
                 raise SpecViolationError(
                     f"action key {key!r} is missing from the input; expected {spec!r}", key=key
@@ -249,21 +259,27 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         A boolean ``"_step"`` entry restricts the step to some batch elements; the others
         get their previous values (from ``tensordict``) or zeros under ``"next"``.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         self._check_batch(tensordict)
-        partial = tensordict.get("_step", None) if not self._handles_partial_steps else None
-        if partial is not None:
-            mask = reduce_mask(partial, (*tensordict.batch_size, 1)).to(torch.bool)
-            if bool(mask.all()):
-                tensordict = tensordict.exclude("_step")
-            else:
-                next_td = await self._partial_step(tensordict, mask)
-                tensordict.set("next", next_td)
-                return tensordict
+        if not self._handles_partial_steps:
+            partial = getter(tensordict)("_step")
+            if partial is not None:
+                mask = reduce_mask(partial, (*tensordict.batch_size, 1)).to(torch.bool)
+                if bool(mask.all()):
+                    tensordict = tensordict.exclude("_step")
+                else:
+                    next_td = await self._partial_step(tensordict, mask)
+                    tensordict.set("next", next_td)
+                    return tensordict
         self._check_actions(tensordict)
-        next_td = await self._run(self._step_is_async, self._step, tensordict)
-        next_td = self._step_proc_data(next_td, tensordict)
-        tensordict.set("next", next_td)
+        if self._step_is_async:
+            next_td = await self._step(tensordict)
+        elif self.blocking:
+            next_td = await anyio.to_thread.run_sync(self._step, tensordict)
+        else:
+            next_td = self._step(tensordict)
+        tensordict.set("next", self._step_proc_data(next_td, tensordict))
         return tensordict
 
     async def _partial_step(self, tensordict: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
@@ -311,8 +327,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                 f"{type(self).__name__}._step must return a TensorDict, got {type(next_td).__name__}"
             )
         extra = self._extra_dims(input_td)
+        get = getter(next_td)
         for key, zero in self._reward_zero.items():
-            if next_td.get(key, None) is None:
+            if get(key) is None:
                 next_td.set(
                     key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone()
                 )
@@ -462,6 +479,13 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
         """``step_mdp`` with this env's keys (the exclusion tree is cached)."""
+        plan = self._fast_mdp
+        if plan is not None:
+            nxt = getter(td)("next")
+            if nxt is not None:
+                out = fast_step_mdp(td, nxt, *plan)
+                if out is not None:
+                    return out
         return step_mdp(td, reward_keys=self.reward_keys, _tree=self._mdp_tree)
 
     def _any_done_write_reset(self, td: TensorDictBase) -> bool:
@@ -471,7 +495,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             sub = td.get(prefix, None) if prefix else td
             if sub is None:
                 continue
-            done = sub.get("done", None)
+            done = getter(sub)("done")
             if done is None:
                 continue
             if bool(done.any()):

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from aenv._mdp import getter
 from aenv.envs._common import EnvBase
 from aenv.specs import Bounded, Categorical, Composite, Unbounded
 
@@ -48,6 +49,7 @@ class PendulumEnv(EnvBase):
         super().__init__(**kwargs)
         self.td_params = td_params if td_params is not None else self.gen_params()
         self._make_specs(self.td_params)
+        self._coef_cache: tuple[Any, ...] | None = None
         self.rng = torch.Generator()
         self.rng.manual_seed(seed if seed is not None else torch.seed() % (2**31))
 
@@ -99,23 +101,43 @@ class PendulumEnv(EnvBase):
             batch_size=batch,
         )
 
+    def _coefficients(self, params: TensorDictBase) -> tuple[torch.Tensor, ...]:
+        """``(gravity, torque, dt, max_torque, max_speed)`` of ``params``, computed once.
+
+        The physical parameters ride along in every step's tensordict, mostly as the very
+        same tensors: the derived coefficients are kept for the tensors they came from and
+        recomputed when any of them is another tensor or was changed in place.
+        """
+        get = getter(params)
+        leaves = tuple(get(k) for k in ("g", "m", "l", "dt", "max_torque", "max_speed"))
+        versions = tuple(t._version for t in leaves)
+        cached = self._coef_cache
+        if (
+            cached is not None
+            and all(a is b for a, b in zip(cached[0], leaves))
+            and cached[1] == versions
+        ):
+            return cached[2]
+        g, m, length, dt, max_torque, max_speed = leaves
+        coefs = (1.5 * g / length * dt, 3.0 / (m * length * length) * dt, dt, max_torque, max_speed)
+        self._coef_cache = (leaves, versions, coefs)
+        return coefs
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        th = tensordict.get("th")
-        thdot = tensordict.get("thdot")
-        params = tensordict.get("params")
-        g, m, length, dt = (params.get(k) for k in ("g", "m", "l", "dt"))
-        max_torque, max_speed = params.get("max_torque"), params.get("max_speed")
-        u = tensordict.get("action").squeeze(-1).clamp(-max_torque, max_torque)
-        angle = torch.remainder(th + math.pi, 2 * math.pi) - math.pi
-        cost = angle * angle
+        get = getter(tensordict)
+        th, thdot, params = get("th"), get("thdot"), get("params")
+        gravity, torque, dt, max_torque, max_speed = self._coefficients(params)
+        u = get("action").squeeze(-1).clamp(-max_torque, max_torque)
+        angle = torch.remainder(th + math.pi, 2 * math.pi).sub_(math.pi)
+        cost = angle.mul_(angle)
         cost.addcmul_(thdot, thdot, value=0.1).addcmul_(u, u, value=0.001)
-        gravity = 1.5 * g / length * dt
-        torque = 3.0 / (m * length * length) * dt
         new_thdot = torch.addcmul(thdot, gravity, th.sin()).addcmul_(torque, u)
-        new_thdot = new_thdot.clamp(-max_speed, max_speed)
-        new_th = torch.remainder(torch.addcmul(th, new_thdot, dt) + math.pi, 2 * math.pi) - math.pi
-        done = torch.zeros((*tensordict.batch_size, 1), dtype=torch.bool)
-        return TensorDict(
+        new_thdot = new_thdot.clamp_(-max_speed, max_speed)
+        new_th = torch.addcmul(th, new_thdot, dt).add_(math.pi).remainder_(2 * math.pi)
+        new_th = new_th.sub_(math.pi)
+        batch = tensordict.batch_size
+        done = torch.zeros((*batch, 1), dtype=torch.bool)
+        return TensorDict._new_unsafe(
             {
                 "th": new_th,
                 "thdot": new_thdot,
@@ -124,5 +146,6 @@ class PendulumEnv(EnvBase):
                 "done": done,
                 "terminated": done.clone(),
             },
-            batch_size=tensordict.batch_size,
+            batch_size=batch,
+            nested=False,
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from aenv._mdp import time_named, unravel
+from aenv._mdp import fast_stack, time_named, unravel
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -156,7 +156,7 @@ class _StepStore:
         if self.contiguous and len(self.pending) > self.CHUNK:
             head = self.pending[: self.CHUNK]
             try:
-                self.chunks.append(torch.stack(head, self.dim))  # type: ignore[arg-type]
+                self.chunks.append(_stack(head, self.dim))
             except RuntimeError:
                 self._go_lazy()
                 return
@@ -171,10 +171,17 @@ class _StepStore:
     def finish(self) -> TensorDictBase:
         if self.contiguous:
             try:
-                tail: TensorDictBase = torch.stack(self.pending, self.dim)  # type: ignore[arg-type, assignment]
+                tail = _stack(self.pending, self.dim)
                 if not self.chunks:
                     return tail
                 return torch.cat([*self.chunks, tail], self.dim)  # type: ignore[arg-type, return-value]
             except RuntimeError:
                 self._go_lazy()
         return LazyStackedTensorDict.lazy_stack(self.pending, dim=self.dim)
+
+
+def _stack(tds: list[TensorDictBase], dim: int) -> TensorDictBase:
+    out = fast_stack(tds, dim)
+    if out is None:
+        return torch.stack(tds, dim)  # type: ignore[arg-type, return-value]
+    return out

@@ -25,6 +25,7 @@ _CACHED = (
     "_action_checks",
     "_mdp_tree",
     "_done_flag_keys",
+    "_fast_mdp",
 )
 
 
@@ -338,6 +339,21 @@ class EnvSpecsMixin:
             "_done_flag_keys",
             lambda: [k for k in self.done_keys if (k if isinstance(k, str) else k[-1]) == "done"],
         )
+
+    @property
+    def _fast_mdp(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """``(dropped from "next", dropped from the root)`` for :func:`~aenv._mdp.fast_step_mdp`,
+        or None when a reward, done or action key is nested (the general path then runs)."""
+
+        def make() -> tuple[frozenset[str], frozenset[str]] | None:
+            keys = [*self.reward_keys, *self.done_keys, *self.action_keys]
+            if not all(isinstance(k, str) or len(k) == 1 for k in keys):
+                return None
+            flat = [k if isinstance(k, str) else k[0] for k in keys]
+            rewards = frozenset(k if isinstance(k, str) else k[0] for k in self.reward_keys)
+            return rewards, frozenset(("next", "_reset", "_step", *flat))
+
+        return self._cached("_fast_mdp", make)
 
     def _single_key(self, kind: str, keys: list[NestedKey]) -> NestedKey:
         if len(keys) != 1:

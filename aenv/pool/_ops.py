@@ -13,6 +13,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
+from aenv._mdp import getter
 from aenv.envs._common import EnvBase
 
 __all__ = ["OPS", "drive", "execute", "runs_inline"]
@@ -32,7 +33,7 @@ def _lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
         type(env).step is _STEP
         and not env.run_type_checks
         and not env.is_closed
-        and td.get("_step", None) is None
+        and getter(td)("_step") is None
     )
 
 
@@ -60,8 +61,9 @@ async def _step_and_maybe_reset(
 
 
 def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
+    get = getter(nxt)
     for prefix in env._done_groups:
-        done = nxt.get((*prefix, "done"), None) if prefix else nxt.get("done", None)
+        done = get((*prefix, "done") if prefix else "done")
         if done is not None and bool(done.any()):
             return True
     return False

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
-from aenv._mdp import NestedKey
+from aenv._mdp import NestedKey, fast_stack
 
 __all__ = ["split_inputs", "stack_results", "unbind0"]
 
@@ -38,13 +38,24 @@ def split_inputs(
         if type(value) is not torch.Tensor:
             return [td[i].select(*(k for k, _ in cols), key, strict=False) for i in indices]
         cols.append((key, value))
-    out = []
-    for i in indices:
-        sub = TensorDict(batch_size=sub_batch, device=td.device)
-        for key, value in cols:
-            sub.set(key, value[i])
-        out.append(sub)
-    return out
+    device = td.device
+    if not all(type(k) is str for k, _ in cols):
+        out = []
+        for i in indices:
+            sub = TensorDict(batch_size=sub_batch, device=device)
+            for key, value in cols:
+                sub.set(key, value[i])
+            out.append(sub)
+        return out
+    # one unbind per entry when every env is selected, one index per env otherwise
+    whole = len(indices) == td.batch_size[0]
+    parts = [(key, value.unbind(0) if whole else value) for key, value in cols]
+    return [
+        TensorDict._new_unsafe(
+            {key: part[i] for key, part in parts}, batch_size=sub_batch, device=device, nested=False
+        )
+        for i in indices
+    ]
 
 
 def _entries(td: TensorDictBase) -> dict[str, Any] | None:
@@ -52,37 +63,7 @@ def _entries(td: TensorDictBase) -> dict[str, Any] | None:
     if type(td) is not TensorDict:
         return None
     entries = getattr(td, "_tensordict", None)
-    return entries if type(entries) is dict else None
-
-
-def _fast_stack(tds: Sequence[TensorDictBase]) -> TensorDictBase | None:
-    """Stack plain TensorDicts with identical keys entry by entry; None when not plain."""
-    dicts = []
-    for td in tds:
-        entries = _entries(td)
-        if entries is None:
-            return None
-        dicts.append(entries)
-    first = dicts[0]
-    keys = first.keys()
-    if any(d.keys() != keys for d in dicts[1:]):
-        return None
-    out = {}
-    for key, v0 in first.items():
-        values = [d[key] for d in dicts]
-        if type(v0) is torch.Tensor:
-            shape = v0.shape
-            if any(type(v) is not torch.Tensor or v.shape != shape for v in values):
-                return None
-            out[key] = torch.stack(values)
-        elif type(v0) is TensorDict:
-            sub = _fast_stack(values)
-            if sub is None:
-                return None
-            out[key] = sub
-        else:
-            return None
-    return TensorDict(out, batch_size=(len(tds), *tds[0].batch_size), device=tds[0].device)
+    return entries if isinstance(entries, dict) else None
 
 
 def unbind0(td: TensorDictBase) -> list[TensorDictBase]:
@@ -101,7 +82,12 @@ def unbind0(td: TensorDictBase) -> list[TensorDictBase]:
             return list(td.unbind(0))
     sub_bs, device = td.batch_size[1:], td.device
     return [
-        TensorDict({key: col[j] for key, col in cols.items()}, batch_size=sub_bs, device=device)
+        TensorDict._new_unsafe(
+            {key: col[j] for key, col in cols.items()},
+            batch_size=sub_bs,
+            device=device,
+            nested=False,
+        )
         for j in range(k)
     ]
 
@@ -110,10 +96,10 @@ def stack_results(tds: Sequence[TensorDictBase], lazy: bool) -> TensorDictBase:
     """Stack per-env results along a new dim 0: dense (a contiguous copy) or lazy."""
     if lazy:
         return LazyStackedTensorDict.lazy_stack(list(tds), dim=0)
-    out = _fast_stack(tds)
-    if out is not None:
-        return out
     try:
+        out = fast_stack(tds, 0)
+        if out is not None:
+            return out
         return torch.stack(list(tds), dim=0)  # type: ignore[arg-type,return-value]
     except RuntimeError:
         # Entries some envs lack (a restarted env's "truncated", say): fill them with zeros.
