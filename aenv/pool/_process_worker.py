@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import signal
@@ -265,7 +266,9 @@ class _Runtime:
             else:
                 self._reply(i, seq, op, result)
             return
-        self.tasks[i] = self.loop.create_task(self._run(i, seq, env, op, payload))
+        task = self.loop.create_task(self._run(i, seq, env, op, payload))
+        self.tasks[i] = task
+        task.add_done_callback(functools.partial(self._never_ran, i))
 
     async def _run(self, i: int, seq: int, env: EnvBase, op: str, payload: Any) -> None:
         failure: bytes | None = None
@@ -285,6 +288,17 @@ class _Runtime:
                 self._reply(i, seq, op, result)
             elif failure:
                 self._put(("r", i, seq, FAILED, failure))
+        self._next(i)
+
+    def _never_ran(self, i: int, task: asyncio.Task[Any]) -> None:
+        # A task cancelled before its first step never runs its body (asyncio throws the
+        # cancellation in before the first line), so the body's bookkeeping is done here:
+        # without it, the env's next op would queue for ever behind the dead task.
+        if self.tasks.get(i) is task:
+            del self.tasks[i]
+            self._next(i)
+
+    def _next(self, i: int) -> None:
         queued = self.queued[i]
         if queued:
             self._start(queued.popleft())

@@ -143,11 +143,6 @@ async def _until_waiting(task: asyncio.Future) -> None:
 
 
 async def test_cancelled_call_leaves_pool_usable(backend):
-    if backend == "process":
-        # Found when this test stopped sleeping 50 ms before cancelling: on the process
-        # backend, a call cancelled within a few loop turns of sending can leave the pool
-        # waiting for ever on the next call (order-dependent; not fixed yet).
-        pytest.xfail("process backend: a very early cancel can wedge the pool (open bug)")
     fns = [partial(LatencyEnv, 0.0), partial(LatencyEnv, 0.3)]
     async with AsyncEnvPool(fns, backend=backend) as pool:
         td = await pool.reset()
