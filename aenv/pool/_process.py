@@ -7,6 +7,12 @@ finishes, with no polling thread and no busy wait. Tensors travel through shared
 slots planned from the specs the workers sent (:mod:`aenv.pool._shm`); a message per step
 is a tiny tuple. Commands submitted in one loop turn go out as one frame per worker.
 
+Whole-batch calls take :meth:`ProcessBackend.run_batch`: one ``("batch", ...)`` command per
+worker (sent as soon as its envs' inputs are in their slots), one reply per worker once all
+its envs are done (as each finishes when a step timeout needs to know), results read back
+from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). The
+streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
+
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
 attached), its other envs are marked lost (their next step fails the same way until they
@@ -35,13 +41,18 @@ from typing import Any
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
-from aenv.exceptions import BackendUnavailableError, EnvStepError, WorkerCrashedError
+from aenv.exceptions import (
+    BackendUnavailableError,
+    EnvStepError,
+    StepTimeoutError,
+    WorkerCrashedError,
+)
 from aenv.pool._backend import Backend, Failure
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly
 from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import FAILED, PICKLED, SLOT, worker_main
-from aenv.pool._shm import Slot, make_region, map_region, map_slots, plan_layout
+from aenv.pool._shm import Block, Slot, make_region, map_blocks, map_region, map_slots, plan_layout
 
 __all__ = ["DEFAULT_START_METHOD", "ProcessBackend"]
 
@@ -49,6 +60,27 @@ __all__ = ["DEFAULT_START_METHOD", "ProcessBackend"]
 DEFAULT_START_METHOD = "spawn"
 _DUMP = pickle.HIGHEST_PROTOCOL
 _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
+_SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
+_TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
+
+
+class _Batch:
+    """A whole-batch call in flight (:meth:`ProcessBackend.run_batch`)."""
+
+    __slots__ = ("future", "indices", "left", "op", "outcomes")
+
+    def __init__(self, op: str, indices: Sequence[int], future: asyncio.Future[None]) -> None:
+        self.op = op
+        self.indices = indices
+        self.outcomes: list[Any] = [None] * len(indices)
+        self.left = len(indices)
+        self.future = future
+
+    def store(self, pos: int, outcome: Any) -> None:
+        self.outcomes[pos] = outcome
+        self.left -= 1
+        if not self.left and not self.future.done():
+            self.future.set_result(None)
 
 
 class ProcessBackend(ClosingMixin, Backend):
@@ -65,6 +97,7 @@ class ProcessBackend(ClosingMixin, Backend):
     """
 
     name = "process"
+    has_run_batch = True
 
     def __init__(
         self,
@@ -100,6 +133,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._inflight: list[tuple[int, str] | None] = []
         self._lost: list[str | None] = []
         self._last_cmd: list[tuple[Any, ...] | None] = []
+        self._batch_of: list[tuple[_Batch, int] | None] = []
+        self._rows: list[tuple[dict[str, Block], int] | None] = []
         self._seq = itertools.count(1)
         self._requests = itertools.count(1)
         self._replies: dict[int, tuple[int, bytes]] = {}
@@ -130,6 +165,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._inflight = [None] * n
         self._lost = [None] * n
         self._last_cmd = [None] * n
+        self._batch_of = [None] * n
+        self._rows = [None] * n
         try:
             for wid, indices in enumerate(groups):
                 blob = cloudpickle.dumps([self.env_fns[i] for i in indices])
@@ -192,11 +229,15 @@ class ProcessBackend(ClosingMixin, Backend):
             raise exc
         metas: dict[int, EnvMetaData] = msg[1]
         if w.region_fd < 0:
-            w.layouts, w.region_size = plan_layout(metas)
+            w.layouts, groups, w.region_size = plan_layout(metas)
             w.region_fd = make_region(w.region_size)
             w.flat = map_region(w.region_fd, w.region_size)
             for i in w.indices:
                 self._slots[i] = map_slots(w.flat, w.layouts[i])
+            for group in groups:
+                blocks = map_blocks(w.flat, group)
+                for row, i in enumerate(group[0]):
+                    self._rows[i] = (blocks, row)
         assert w.chan is not None
         w.chan.send_fd(w.region_fd)
         w.chan.send([("slots", w.region_size, w.layouts)])
@@ -255,13 +296,15 @@ class ProcessBackend(ClosingMixin, Backend):
         if self._closing:
             return
         kind = msg[0]
-        if kind == "r":
+        if kind == "b":
+            self._on_batch_reply(msg[1], msg[2])
+        elif kind == "r":
             _, i, seq, code, data = msg
             inflight = self._inflight[i]
             if inflight is None or inflight[0] != seq:
                 return  # given up (replace / cancel)
             self._inflight[i] = None
-            self._deliver(i, self._decode(i, inflight[1], code, data))
+            self._complete(i, self._decode(i, inflight[1], code, data))
         elif kind == "ack":
             timer = w.ack_timers.pop(msg[1], None)
             if timer is not None:
@@ -273,6 +316,62 @@ class ProcessBackend(ClosingMixin, Backend):
                 self._on_meta(w, msg)
             except BaseException:
                 self._fail_worker_envs(w, w.failure)
+
+    def _complete(self, i: int, outcome: Any) -> None:
+        """Hand env ``i``'s outcome to the whole-batch call waiting for it, or to the pool."""
+        entry = self._batch_of[i]
+        if entry is None:
+            self._deliver(i, outcome)
+        else:
+            self._batch_of[i] = None
+            entry[0].store(entry[1], outcome)
+
+    def _on_batch_reply(self, seq: int, entries: list[tuple[int, int, Any]]) -> None:
+        inflight = self._inflight
+        live = []
+        for entry in entries:
+            current = inflight[entry[0]]
+            if current is not None and current[0] == seq:
+                live.append(entry)
+        if not live:
+            return
+        op = inflight[live[0][0]][1]  # type: ignore[index]
+        for entry, outcome in zip(live, self._decode_batch(op, live)):
+            inflight[entry[0]] = None
+            self._complete(entry[0], outcome)
+
+    def _decode_batch(self, op: str, entries: list[tuple[int, int, Any]]) -> list[Any]:
+        """The outcomes of some envs of one worker; results in consecutive rows of one
+        group's blocks are copied out at once."""
+        first = self._rows[entries[0][0]]
+        if first is not None and op in _TIMED_OPS:
+            blocks, start = first
+            rows = self._rows
+            fast = True
+            for k, (i, code, _) in enumerate(entries):
+                at = rows[i]
+                if code != SLOT or at is None or at[0] is not blocks or at[1] != start + k:
+                    fast = False
+                    break
+            if fast:
+                try:
+                    tds = blocks["reset" if op == "reset" else "next"].read_rows(
+                        start, start + len(entries)
+                    )
+                except Exception as exc:
+                    return [Failure(exc)] * len(entries)
+                if op != "step_and_maybe_reset":
+                    return tds
+                out: list[Any] = []
+                for td, (i, _, reset) in zip(tds, entries):
+                    if reset:
+                        slots = self._slots[i]
+                        assert slots is not None
+                        out.append((td, slots["reset"].read()))
+                    else:
+                        out.append((td, None))
+                return out
+        return [self._decode(i, op, code, data) for i, code, data in entries]
 
     def _decode(self, i: int, op: str, code: int, data: Any) -> Any:
         try:
@@ -296,10 +395,23 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
+        refused = self._refuse(env_index, op)
+        if refused is not None:
+            self._deliver(env_index, refused)
+            return
+        data = self._encode(env_index, op, payload)
+        seq = next(self._seq)
+        self._inflight[env_index] = (seq, op)
+        cmd = ("op", env_index, seq, op, data)
+        self._last_cmd[env_index] = cmd
+        self._of_env[env_index].outbox.append(cmd)
+        self._schedule_flush()
+
+    def _refuse(self, env_index: int, op: str) -> Failure | None:
+        """The failure of an op that cannot be sent (broken worker, lost env), else None."""
         w = self._of_env[env_index]
         if w.state == "broken":
-            self._deliver(env_index, w.failure)
-            return
+            return w.failure
         lost = self._lost[env_index]
         if lost is not None:
             if op not in _DIRECT_OPS:
@@ -307,24 +419,119 @@ class ProcessBackend(ClosingMixin, Backend):
                     f"env {env_index} was lost: {lost}; it was rebuilt and needs a reset",
                     env_index=env_index,
                 )
-                self._deliver(env_index, Failure(err, ""))
-                return
+                return Failure(err, "")
             if op == "reset":
                 self._lost[env_index] = None
-        data: Any = None
-        slots = self._slots[env_index]
-        if not (
-            slots is not None
-            and op in ("step", "step_and_maybe_reset")
-            and slots["in"].write_input(payload)
-        ):
-            data = pickle.dumps(payload, protocol=_DUMP)
+        return None
+
+    def _encode(self, env_index: int, op: str, payload: Any) -> bytes | None:
+        """The command's data: None when the input went into the env's slot (or for a
+        plain reset), else the pickled payload."""
+        if op in _SLOT_OPS:
+            slots = self._slots[env_index]
+            if slots is not None and slots["in"].write_input(payload):
+                return None
+        elif op == "reset" and payload[0] is None and not payload[1]:
+            return None
+        return pickle.dumps(payload, protocol=_DUMP)
+
+    # ------------------------------------------------------------------ whole batch
+    async def run_batch(
+        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
+    ) -> list[Any]:
+        """One ``("batch", ...)`` command per worker; each worker runs its envs' ops (inline
+        when sync, as tasks when async) and answers once with all of them, tensors in its
+        slots. Failures, crashes, timeouts and cancellation are per env, as for
+        :meth:`submit`."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._bind(loop)
+        batch = _Batch(op, indices, loop.create_future())
+        timed = step_timeout is not None and op in _TIMED_OPS
         seq = next(self._seq)
-        self._inflight[env_index] = (seq, op)
-        cmd = ("op", env_index, seq, op, data)
-        self._last_cmd[env_index] = cmd
-        w.outbox.append(cmd)
-        self._schedule_flush()
+        current: _Worker | None = None
+        items: list[tuple[int, Any]] = []
+        try:
+            for pos, (i, payload) in enumerate(zip(indices, payloads)):
+                refused = self._refuse(i, op)
+                if refused is not None:
+                    batch.store(pos, refused)
+                    continue
+                try:
+                    data = self._encode(i, op, payload)
+                except Exception as exc:
+                    batch.store(pos, Failure(exc))
+                    continue
+                w = self._of_env[i]
+                if w is not current:
+                    # a worker's envs are consecutive: send its share as soon as it is
+                    # complete, so it starts while the next worker's inputs are written
+                    if current is not None:
+                        self._send_batch(current, seq, op, items, timed)
+                    current, items = w, []
+                items.append((i, data))
+                self._inflight[i] = (seq, op)
+                self._batch_of[i] = (batch, pos)
+                self._last_cmd[i] = ("op", i, seq, op, data)
+            if current is not None:
+                self._send_batch(current, seq, op, items, timed)
+        except BaseException:
+            self._abandon(batch)
+            raise
+        if not batch.left:
+            return batch.outcomes
+        timer = (
+            loop.call_later(step_timeout, self._expire_batch, batch, step_timeout)  # type: ignore[arg-type]
+            if timed
+            else None
+        )
+        try:
+            await batch.future
+        except BaseException:
+            self._abandon(batch)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return batch.outcomes
+
+    def _send_batch(
+        self, w: _Worker, seq: int, op: str, items: list[tuple[int, Any]], stream: bool
+    ) -> None:
+        w.outbox.append(("batch", seq, op, items, stream))
+        if w.state == "ready" and w.chan is not None:
+            out, w.outbox = w.outbox, []
+            # a closed channel: its reader sees the EOF and fails the batch's envs
+            with contextlib.suppress(ChannelClosed):
+                w.chan.send(out)
+
+    def _pending(self, batch: _Batch) -> list[tuple[int, int]]:
+        """(position, env) of the envs of ``batch`` still working."""
+        batch_of = self._batch_of
+        out = []
+        for pos, i in enumerate(batch.indices):
+            entry = batch_of[i]
+            if entry is not None and entry[0] is batch:
+                out.append((pos, i))
+        return out
+
+    def _abandon(self, batch: _Batch) -> None:
+        """The caller of ``run_batch`` was cancelled: stop its envs' work, drop their
+        outcomes."""
+        for _, i in self._pending(batch):
+            self._batch_of[i] = None
+            self.cancel(i)
+
+    def _expire_batch(self, batch: _Batch, step_timeout: float) -> None:
+        for pos, i in self._pending(batch):
+            self._batch_of[i] = None
+            self.replace(i)
+            err = StepTimeoutError(
+                f"env {i}: {batch.op} did not finish within {step_timeout} s; it was abandoned "
+                "and the env rebuilt from its factory",
+                env_index=i,
+            )
+            batch.store(pos, Failure(err, ""))
 
     def cancel(self, env_index: int) -> bool:
         inflight = self._inflight[env_index]
@@ -430,7 +637,7 @@ class ProcessBackend(ClosingMixin, Backend):
             w.outbox.append(cmd)
         for i in pending:
             if self._inflight[i] is None:
-                self._deliver(i, Failure(self._crash_error(w, i), ""))
+                self._complete(i, Failure(self._crash_error(w, i), ""))
         if starting or not self.restart_workers:
             w.failure = Failure(self._crash_error(w, None, "and was not restarted"), "")
             self._fail_worker_envs(w, w.failure)
@@ -447,9 +654,16 @@ class ProcessBackend(ClosingMixin, Backend):
         w.failure = failure
         queued, w.outbox = w.outbox, []
         for msg in queued:
-            if msg[0] == "op" and self._inflight[msg[1]] is not None:
-                self._inflight[msg[1]] = None
-                self._deliver(msg[1], failure)
+            if msg[0] == "op":
+                envs = [msg[1]]
+            elif msg[0] == "batch":
+                envs = [i for i, _ in msg[3]]
+            else:
+                continue
+            for i in envs:
+                if self._inflight[i] is not None:
+                    self._inflight[i] = None
+                    self._complete(i, failure)
 
     # ------------------------------------------------------------------ attributes
     def getattr_sync(self, env_index: int, name: str) -> Any:

@@ -8,12 +8,16 @@ high-latency envs busy. Results go back batched per loop turn, tensors through t
 Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the parent):
 
 * parent -> worker: ``("op", env, seq, op, data)`` (``data`` None: the input is in the
-  env's ``"in"`` slot; else the pickled payload), ``("cancel", env, seq)``,
+  env's ``"in"`` slot, or for a reset, no input and no keyword; else the pickled payload),
+  ``("batch", seq, op, [(env, data), ...], stream)`` (one whole-batch call's share of this
+  worker: one ``op`` per env, all under one ``seq``), ``("cancel", env, seq)``,
   ``("replace", env)``, ``("attr", request, env, name)``, ``("close",)``.
 * worker -> parent: ``("meta", metas)`` / ``("failed", failure)`` once at start-up,
   ``("r", env, seq, code, data)`` per outcome (:data:`SLOT`: in the slots; :data:`PICKLED`:
   ``data`` is the pickled result; :data:`FAILED`: ``data`` is a pickled ``(exc, traceback)``),
-  ``("ack", env)`` for a replace, ``("attr", request, code, data)``.
+  ``("b", seq, [(env, code, data), ...])`` for a batch (once, when all its envs are done;
+  as they finish when ``stream`` was set), ``("ack", env)`` for a replace,
+  ``("attr", request, code, data)``.
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
@@ -154,6 +158,25 @@ def worker_main(
         os._exit(0)
 
 
+class _Batch:
+    """One whole-batch command's share on this worker: its envs' outcomes go back together
+    (``("b", seq, entries)``) once all are in, or as they come when ``stream`` is set (the
+    parent has a step timeout and must know which envs finished)."""
+
+    __slots__ = ("entries", "left", "listed", "seq", "stream")
+
+    def __init__(self, seq: int, left: int, stream: bool) -> None:
+        self.seq = seq
+        self.left = left
+        self.stream = stream
+        self.entries: list[tuple[int, int, Any]] = []
+        self.listed = False
+
+
+# An operation on one env: (env, seq, op, data, batch or None).
+_Op = tuple[int, int, str, Any, "_Batch | None"]
+
+
 class _Runtime:
     """The serving loop of one worker."""
 
@@ -171,9 +194,11 @@ class _Runtime:
         self.broken: dict[int, bytes] = {}
         self.seq: dict[int, int | None] = dict.fromkeys(envs)
         self.tasks: dict[int, asyncio.Task[Any]] = {}
-        self.queued: dict[int, deque[tuple[Any, ...]]] = {i: deque() for i in envs}
+        self.task_batch: dict[int, _Batch | None] = {}
+        self.queued: dict[int, deque[_Op]] = {i: deque() for i in envs}
         self.retired: set[asyncio.Task[Any]] = set()
         self.out: list[tuple[Any, ...]] = []
+        self.out_batches: list[_Batch] = []
         self.out_since = 0.0
         self.flush_scheduled = False
         self.parent_gone = False
@@ -206,18 +231,18 @@ class _Runtime:
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
-        if kind == "op":
-            _, i, seq, _, _ = cmd
-            self.seq[i] = seq
-            if i in self.tasks:
-                self.queued[i].append(cmd)
-            else:
-                self._start(cmd)
+        if kind == "batch":
+            _, seq, op, items, stream = cmd
+            batch = _Batch(seq, len(items), stream)
+            for i, data in items:
+                self._submit((i, seq, op, data, batch))
+        elif kind == "op":
+            _, i, seq, op, data = cmd
+            self._submit((i, seq, op, data, None))
         elif kind == "cancel":
             _, i, seq = cmd
             if self.seq.get(i) == seq:
-                self.seq[i] = None
-                self.queued[i].clear()
+                self._forget(i)
                 task = self.tasks.get(i)
                 if task is not None:
                     task.cancel()
@@ -238,39 +263,73 @@ class _Runtime:
         if not self.done.done():
             self.done.set_result(None)
 
-    def _start(self, cmd: tuple[Any, ...]) -> None:
-        _, i, seq, op, data = cmd
+    def _submit(self, rec: _Op) -> None:
+        i = rec[0]
+        self.seq[i] = rec[1]
+        if i in self.tasks:
+            # the running task's outcome is superseded (it was given up): it no longer
+            # counts for its batch
+            self._drop_from(self.task_batch.get(i))
+            self.task_batch[i] = None
+            self.queued[i].append(rec)
+        else:
+            self._start(rec)
+
+    def _forget(self, i: int) -> None:
+        """Env ``i``'s current operation (and any queued) is given up: no outcome goes
+        back for it; a batch it belonged to no longer waits for it."""
+        self.seq[i] = None
+        for rec in self.queued[i]:
+            self._drop_from(rec[4])
+        self.queued[i].clear()
+        if i in self.tasks:
+            self._drop_from(self.task_batch.get(i))
+            self.task_batch[i] = None
+
+    def _drop_from(self, batch: _Batch | None) -> None:
+        if batch is not None:
+            batch.left -= 1
+            if not batch.left:
+                self._list(batch)
+
+    def _start(self, rec: _Op) -> None:
+        i, seq, op, data, batch = rec
         if i in self.broken:
-            self._put(("r", i, seq, FAILED, self.broken[i]))
+            self._done(i, seq, batch, FAILED, self.broken[i])
             return
         env = self.envs[i]
         try:
             if data is None:
-                slots = self.slots[i]
-                assert slots is not None
-                # a shallow copy: the env reads the slot's tensors (as TorchRL's workers
-                # read their buffers); entries it adds do not land in the slot
-                payload: Any = slots["in"].td.copy()
+                if op == "reset":
+                    payload: Any = (None, {})
+                else:
+                    slots = self.slots[i]
+                    assert slots is not None
+                    # a shallow copy: the env reads the slot's tensors (as TorchRL's workers
+                    # read their buffers); entries it adds do not land in the slot
+                    payload = slots["in"].view()
             else:
                 payload = pickle.loads(data)
         except Exception as exc:
-            self._put(("r", i, seq, FAILED, pack_failure(exc)))
+            self._done(i, seq, batch, FAILED, pack_failure(exc))
             return
         if runs_inline(env, op, payload):
-            if self.out and time.perf_counter() - self.out_since > _HOLD:
+            if (self.out or self.out_batches) and time.perf_counter() - self.out_since > _HOLD:
                 self._flush()  # do not hold finished results behind a slow env
             try:
                 result = drive(execute(env, op, payload))
             except Exception as exc:
-                self._put(("r", i, seq, FAILED, pack_failure(exc)))
+                self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:
-                self._reply(i, seq, op, result)
+                self._result(i, seq, op, batch, result)
             return
-        task = self.loop.create_task(self._run(i, seq, env, op, payload))
+        task = self.loop.create_task(self._run(rec, env, payload))
         self.tasks[i] = task
+        self.task_batch[i] = batch
         task.add_done_callback(functools.partial(self._never_ran, i))
 
-    async def _run(self, i: int, seq: int, env: EnvBase, op: str, payload: Any) -> None:
+    async def _run(self, rec: _Op, env: EnvBase, payload: Any) -> None:
+        i, seq, op, _, batch = rec
         failure: bytes | None = None
         result: Any = None
         try:
@@ -283,11 +342,12 @@ class _Runtime:
         if self.tasks.get(i) is not task:
             return  # given up by a replace
         del self.tasks[i]
+        self.task_batch.pop(i, None)
         if self.seq.get(i) == seq:
             if failure is None:
-                self._reply(i, seq, op, result)
+                self._result(i, seq, op, batch, result)
             elif failure:
-                self._put(("r", i, seq, FAILED, failure))
+                self._done(i, seq, batch, FAILED, failure)
         self._next(i)
 
     def _never_ran(self, i: int, task: asyncio.Task[Any]) -> None:
@@ -296,6 +356,7 @@ class _Runtime:
         # without it, the env's next op would queue for ever behind the dead task.
         if self.tasks.get(i) is task:
             del self.tasks[i]
+            self.task_batch.pop(i, None)
             self._next(i)
 
     def _next(self, i: int) -> None:
@@ -305,35 +366,51 @@ class _Runtime:
         # An async op usually ends alone in its loop turn: stream it out at once.
         self._flush()
 
-    def _reply(self, i: int, seq: int, op: str, result: Any) -> None:
+    def _result(self, i: int, seq: int, op: str, batch: _Batch | None, result: Any) -> None:
         slots = self.slots.get(i)
         if slots is not None:
             if op == "step":
                 if slots["next"].write(result):
-                    self._put(("r", i, seq, SLOT, None))
+                    self._done(i, seq, batch, SLOT, None)
                     return
             elif op == "reset":
                 if slots["reset"].write(result):
-                    self._put(("r", i, seq, SLOT, None))
+                    self._done(i, seq, batch, SLOT, None)
                     return
             elif op == "step_and_maybe_reset":
                 nxt, rst = result
                 if slots["next"].write(nxt) and (rst is None or slots["reset"].write(rst)):
-                    self._put(("r", i, seq, SLOT, rst is not None))
+                    self._done(i, seq, batch, SLOT, rst is not None)
                     return
         try:
             data = pickle.dumps(result, protocol=_DUMP)
         except Exception as exc:
-            self._put(("r", i, seq, FAILED, pack_failure(exc)))
+            self._done(i, seq, batch, FAILED, pack_failure(exc))
         else:
-            self._put(("r", i, seq, PICKLED, data))
+            self._done(i, seq, batch, PICKLED, data)
+
+    def _done(self, i: int, seq: int, batch: _Batch | None, code: int, data: Any) -> None:
+        if batch is None:
+            self._put(("r", i, seq, code, data))
+            return
+        batch.entries.append((i, code, data))
+        batch.left -= 1
+        if batch.stream or not batch.left:
+            self._list(batch)
+
+    def _list(self, batch: _Batch) -> None:
+        if not batch.listed and batch.entries:
+            batch.listed = True
+            if not self.out and not self.out_batches:
+                self.out_since = time.perf_counter()
+            self.out_batches.append(batch)
 
     def _replace(self, i: int) -> None:
-        self.seq[i] = None
-        self.queued[i].clear()
+        self._forget(i)
         self._put(("ack", i))
         self._flush()
         task = self.tasks.pop(i, None)
+        self.task_batch.pop(i, None)
         if task is not None:
             task.cancel()
             self._retire(task)
@@ -352,7 +429,7 @@ class _Runtime:
 
     # ------------------------------------------------------------------ replies
     def _put(self, item: tuple[Any, ...]) -> None:
-        if not self.out:
+        if not self.out and not self.out_batches:
             self.out_since = time.perf_counter()
         self.out.append(item)
 
@@ -363,6 +440,12 @@ class _Runtime:
 
     def _flush(self) -> None:
         self.flush_scheduled = False
+        if self.out_batches:
+            for batch in self.out_batches:
+                self.out.append(("b", batch.seq, batch.entries))
+                batch.entries = []
+                batch.listed = False
+            self.out_batches = []
         if self.out and not self.parent_gone:
             out, self.out = self.out, []
             try:

@@ -7,6 +7,10 @@ its descriptor to the worker once. Both sides then view the region as tensors
 (:func:`map_slots`). A step writes its action into the env's ``"in"`` slot and its result
 comes back in the ``"next"`` (or ``"reset"``) slot: only a tiny message crosses the pipe.
 
+Like envs of one worker (same keys, shapes, dtypes) have their slots laid out as rows of
+one block per leaf (:class:`Block`), so the parent reads a whole batch's results back with
+one copy per leaf instead of one per env and leaf.
+
 An env whose specs hold non-tensor leaves or dynamic (-1) dims, or a device other than the
 CPU, gets no slots: its data travels pickled. A result that does not fit its slot (a key
 more or less, another shape or dtype) is pickled too (:meth:`Slot.write` says so), so the
@@ -25,7 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._utils import EnvMetaData
 
-__all__ = ["Slot", "make_region", "map_region", "map_slots", "plan_layout"]
+__all__ = ["Block", "Slot", "make_region", "map_blocks", "map_region", "map_slots", "plan_layout"]
 
 _ALIGN = 64
 #: Slot kinds: the step input, the step result ("next" content), the reset result.
@@ -35,6 +39,9 @@ KINDS = ("in", "next", "reset")
 Leaf = tuple[Any, str, tuple[int, ...], int]
 # per env: batch size and, per kind, its leaves
 EnvLayout = tuple[tuple[int, ...], dict[str, list[Leaf]]]
+# per group of like envs: their indices (row order), their batch size and, per kind, the
+# leaves' blocks (shape ``(rows, *leaf_shape)``)
+GroupLayout = tuple[list[int], tuple[int, ...], dict[str, list[Leaf]]]
 
 
 def _zero_leaves(meta: EnvMetaData, kind: str) -> list[tuple[Any, torch.Tensor]] | None:
@@ -60,13 +67,19 @@ def _zero_leaves(meta: EnvMetaData, kind: str) -> list[tuple[Any, torch.Tensor]]
     return leaves
 
 
-def plan_layout(metas: dict[int, EnvMetaData]) -> tuple[dict[int, EnvLayout | None], int]:
-    """Byte layout of the slots of some envs in one region; ``None`` for pickled-only envs.
+def plan_layout(
+    metas: dict[int, EnvMetaData],
+) -> tuple[dict[int, EnvLayout | None], list[GroupLayout], int]:
+    """Byte layout of the slots of one worker's envs in one region.
 
-    Returns the layout per env index and the region's size in bytes.
+    Envs whose slots have the same leaves (keys, dtypes, shapes) and batch size form a
+    group; each leaf of a group is one contiguous block with one row per env (in the order
+    of ``metas``), so a whole batch reads back with one copy per leaf. Returns the layout
+    per env index (``None`` for pickled-only envs), the groups, and the region's size in
+    bytes.
     """
     layout: dict[int, EnvLayout | None] = {}
-    offset = 0
+    signatures: dict[Any, list[tuple[int, dict[str, list[Leaf]]]]] = {}
     for index, meta in metas.items():
         if meta.device is not None and torch.device(meta.device).type != "cpu":
             layout[index] = None
@@ -79,18 +92,39 @@ def plan_layout(metas: dict[int, EnvMetaData]) -> tuple[dict[int, EnvLayout | No
         if any(v is None for v in kinds.values()):
             layout[index] = None
             continue
-        planned: dict[str, list[Leaf]] = {}
-        for kind, leaves in kinds.items():
-            entries = []
-            for key, value in leaves or ():
-                entries.append(
-                    (key, str(value.dtype).removeprefix("torch."), tuple(value.shape), offset)
+        leaves = {
+            kind: [
+                (
+                    key,
+                    str(value.dtype).removeprefix("torch."),
+                    tuple(value.shape),
+                    value.numel() * value.element_size(),
                 )
-                nbytes = value.numel() * value.element_size()
-                offset += -(-max(nbytes, 1) // _ALIGN) * _ALIGN
-            planned[kind] = entries
-        layout[index] = (tuple(meta.batch_size), planned)
-    return layout, max(offset, _ALIGN)
+                for key, value in kind_leaves or ()
+            ]
+            for kind, kind_leaves in kinds.items()
+        }
+        sig = (tuple(meta.batch_size), tuple((k, tuple(v)) for k, v in leaves.items()))
+        signatures.setdefault(sig, []).append((index, leaves))
+    groups: list[GroupLayout] = []
+    offset = 0
+    for (batch_size, _), members in signatures.items():
+        rows = len(members)
+        blocks: dict[str, list[Leaf]] = {}
+        per_env: list[dict[str, list[Leaf]]] = [{} for _ in members]
+        for kind in KINDS:
+            blocks[kind] = []
+            for env_leaves in per_env:
+                env_leaves[kind] = []
+            for key, dtype_name, shape, nbytes in members[0][1][kind]:
+                blocks[kind].append((key, dtype_name, (rows, *shape), offset))
+                for row, env_leaves in enumerate(per_env):
+                    env_leaves[kind].append((key, dtype_name, shape, offset + row * nbytes))
+                offset += -(-max(nbytes * rows, 1) // _ALIGN) * _ALIGN
+        for (index, _), env_leaves in zip(members, per_env):
+            layout[index] = (batch_size, env_leaves)
+        groups.append(([index for index, _ in members], batch_size, blocks))
+    return layout, groups, max(offset, _ALIGN)
 
 
 def make_region(size: int) -> int:
@@ -119,27 +153,47 @@ class Slot:
     :meth:`read` returns a private copy.
     """
 
-    __slots__ = ("batch_size", "by_key", "n", "td")
+    __slots__ = ("batch_size", "by_key", "dsts", "flat_keys", "n", "td")
 
     def __init__(self, flat: torch.Tensor, batch_size: tuple[int, ...], leaves: list[Leaf]) -> None:
         self.batch_size = torch.Size(batch_size)
         self.td = TensorDict(batch_size=self.batch_size)
         self.by_key: dict[Any, torch.Tensor] = {}
         for key, dtype_name, shape, offset in leaves:
-            dtype = getattr(torch, dtype_name)
-            numel = 1
-            for d in shape:
-                numel *= d
-            nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            view = flat[offset : offset + nbytes].view(dtype).view(shape)
+            view = _view(flat, dtype_name, shape, offset)
             self.td.set(key, view)
             self.by_key[key] = view
         self.n = len(self.by_key)
+        self.dsts = list(self.by_key.values())
+        # plain string keys: the fast paths read a TensorDict's entry dict directly
+        self.flat_keys = all(type(key) is str for key in self.by_key)
+
+    def _sources(self, entries: dict[str, Any]) -> list[torch.Tensor] | None:
+        srcs = []
+        for key, dst in self.by_key.items():
+            value = entries.get(key)
+            if (
+                type(value) is not torch.Tensor
+                or value.dtype != dst.dtype
+                or value.shape != dst.shape
+            ):
+                return None
+            srcs.append(value)
+        return srcs
 
     def write(self, td: TensorDictBase) -> bool:
         """Copy ``td`` into the slot if it has exactly the slot's keys, shapes and dtypes."""
         if td.batch_size != self.batch_size:
             return False
+        if self.flat_keys and type(td) is TensorDict:
+            entries = td._tensordict
+            if len(entries) != self.n:
+                return False
+            srcs = self._sources(entries)
+            if srcs is None:
+                return False
+            _copy_all(self.dsts, srcs)
+            return True
         by_key = self.by_key
         n = 0
         for key, value in td.items(True, True):
@@ -160,7 +214,18 @@ class Slot:
         observation a streamed send carries along, are not the env's input and stay
         behind, as in the seeds' ParallelEnv). False when a slot key is missing or does not
         fit, or ``td`` carries a ``"_step"`` mask (pickle it instead)."""
-        if td.batch_size != self.batch_size or "_step" in td.keys():
+        if td.batch_size != self.batch_size:
+            return False
+        if self.flat_keys and type(td) is TensorDict:
+            entries = td._tensordict
+            if "_step" in entries:
+                return False
+            srcs = self._sources(entries)
+            if srcs is None:
+                return False
+            _copy_all(self.dsts, srcs)
+            return True
+        if "_step" in td.keys():
             return False
         pairs = []
         for key, dst in self.by_key.items():
@@ -176,8 +241,70 @@ class Slot:
             dst.copy_(value)
         return True
 
+    def view(self) -> TensorDictBase:
+        """A shallow copy: a new TensorDict over the slot's tensors (entries added to it do
+        not land in the slot)."""
+        if self.flat_keys:
+            return TensorDict._new_unsafe(
+                dict(self.td._tensordict), batch_size=self.batch_size, nested=False
+            )
+        return self.td.copy()
+
     def read(self) -> TensorDictBase:
         return self.td.clone()
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(dsts, srcs)
+    else:  # pragma: no cover - older torch
+        for dst, src in zip(dsts, srcs):
+            dst.copy_(src)
+
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+class Block:
+    """One kind of slot of a group of like envs, as one batched view: row ``r`` is the
+    slot of the group's ``r``-th env. :meth:`read_rows` copies some rows out at once."""
+
+    __slots__ = ("batch_size", "flat_keys", "td", "views")
+
+    def __init__(self, flat: torch.Tensor, batch_size: tuple[int, ...], leaves: list[Leaf]) -> None:
+        self.batch_size = torch.Size(batch_size)
+        rows = leaves[0][2][0] if leaves else 0
+        self.td = TensorDict(batch_size=(rows, *batch_size))
+        self.views: list[tuple[Any, torch.Tensor]] = []
+        for key, dtype_name, shape, offset in leaves:
+            view = _view(flat, dtype_name, shape, offset)
+            self.td.set(key, view)
+            self.views.append((key, view))
+        self.flat_keys = all(type(key) is str for key, _ in self.views)
+
+    def read_rows(self, start: int, stop: int) -> list[TensorDictBase]:
+        """Private copies of rows ``start:stop``, one TensorDict per env."""
+        if not self.flat_keys:
+            from aenv.pool._stacking import unbind0
+
+            return unbind0(self.td[start:stop].clone())
+        cols = [(key, view[start:stop].clone().unbind(0)) for key, view in self.views]
+        batch_size = self.batch_size
+        return [
+            TensorDict._new_unsafe(
+                {key: col[j] for key, col in cols}, batch_size=batch_size, nested=False
+            )
+            for j in range(stop - start)
+        ]
+
+
+def _view(flat: torch.Tensor, dtype_name: str, shape: tuple[int, ...], offset: int) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name)
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    return flat[offset : offset + nbytes].view(dtype).view(shape)
 
 
 def map_slots(flat: torch.Tensor, layout: EnvLayout | None) -> dict[str, Slot] | None:
@@ -186,3 +313,9 @@ def map_slots(flat: torch.Tensor, layout: EnvLayout | None) -> dict[str, Slot] |
         return None
     batch_size, kinds = layout
     return {kind: Slot(flat, batch_size, leaves) for kind, leaves in kinds.items()}
+
+
+def map_blocks(flat: torch.Tensor, group: GroupLayout) -> dict[str, Block]:
+    """The blocks of one group of like envs over a mapped region."""
+    _, batch_size, kinds = group
+    return {kind: Block(flat, batch_size, leaves) for kind, leaves in kinds.items()}

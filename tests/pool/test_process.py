@@ -83,13 +83,16 @@ async def test_steps_travel_through_shared_memory(counting, monkeypatch):
     backend = counting._backend
     assert all(slots is not None for slots in backend._slots)
     codes = []
-    decode = backend._decode
+    on_message = backend._on_message
 
-    def spy(i, op, code, data):
-        codes.append(code)
-        return decode(i, op, code, data)
+    def spy(w, msg):
+        if msg[0] == "r":
+            codes.append(msg[3])
+        elif msg[0] == "b":
+            codes.extend(code for _, code, _ in msg[2])
+        return on_message(w, msg)
 
-    monkeypatch.setattr(backend, "_decode", spy)
+    monkeypatch.setattr(backend, "_on_message", spy)
     td = await counting.reset()
     td["env_index"] = torch.arange(4)
     counting.async_step_send(counting.rand_action(td))
