@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import SpecError
-from aenv.libs._gym_convert import from_numpy_fn, to_numpy_fn
+from aenv.libs._gym_convert import from_numpy_fn, np_dtype, to_numpy_fn
 from aenv.specs import Categorical, Composite, TensorSpec, Unbounded
 
 __all__ = ["BaseInfoDictReader", "DefaultInfoDictReader", "GymLikeEnv", "default_info_dict_reader"]
@@ -134,6 +134,14 @@ def _infer(value: Any, batch_size: torch.Size) -> TensorSpec | None:
     return Unbounded(shape=arr.shape, dtype=dtype)
 
 
+def _reward_np_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype rewards are read as: the reward spec's (float32 where numpy lacks it)."""
+    try:
+        return np_dtype(dtype)
+    except TypeError:
+        return np.dtype(np.float32)
+
+
 class GymLikeEnv(EnvBase):
     """Base of envs reading obs / reward / done / info from a gym-like backend ``self._env``.
 
@@ -153,6 +161,14 @@ class GymLikeEnv(EnvBase):
 
     _env: Any
     frame_skip: int = 1
+    # _step writes terminated, truncated and done (consistent, from read_done): EnvBase.step
+    # need not complete them. A subclass replacing _step opts out unless it says otherwise.
+    _done_outputs_complete = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_step" in cls.__dict__ and "_done_outputs_complete" not in cls.__dict__:
+            cls._done_outputs_complete = False
 
     def _init_gym_specs(
         self,
@@ -177,6 +193,7 @@ class GymLikeEnv(EnvBase):
         self._action_writer = to_numpy_fn(self.full_action_spec["action"], action_space)
         self._info_readers: list[BaseInfoDictReader] = []
         self._flag_shape = (*bs, 1)
+        self._reward_np = _reward_np_dtype(self.full_reward_spec["reward"].dtype)
 
     # ------------------------------------------------------------------ readers
     def read_action(self, action: Any) -> Any:
@@ -200,8 +217,8 @@ class GymLikeEnv(EnvBase):
         return out
 
     def read_reward(self, reward: Any) -> torch.Tensor:
-        """The reward tensor (float32 by default, shape ``(*batch, 1)``)."""
-        return torch.from_numpy(np.asarray(reward, dtype=np.float32).reshape(self._flag_shape))
+        """The reward tensor (the reward spec's dtype, float32 by default; shape ``(*batch, 1)``)."""
+        return torch.from_numpy(np.array(reward, dtype=self._reward_np).reshape(self._flag_shape))
 
     def read_done(
         self, terminated: Any, truncated: Any, done: Any = None

@@ -25,6 +25,7 @@ from aenv.specs import (
     OneHot,
     TensorSpec,
 )
+from aenv.specs._discrete import one_hot_row
 
 __all__ = ["from_numpy_fn", "np_dtype", "to_numpy_fn"]
 
@@ -79,6 +80,13 @@ def _from_numpy(spec: TensorSpec) -> Converter:
         return lambda value: NonTensorData(data=value)
     if isinstance(spec, OneHot):
         n, start, dtype = spec.n, _start(spec), spec.dtype
+        if spec.ndim == 1 and not isinstance(start, np.ndarray):
+            device = spec.device
+
+            def one_hot_scalar(value: Any) -> torch.Tensor:
+                return one_hot_row(int(value) - start, n, dtype, device)
+
+            return one_hot_scalar
 
         def one_hot(value: Any) -> torch.Tensor:
             idx = torch.as_tensor(np.asarray(value, dtype=np.int64) - start)

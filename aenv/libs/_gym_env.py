@@ -11,9 +11,17 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._gymlike import GymLikeEnv
 from aenv.exceptions import BatchSizeError
 from aenv.libs._gym_backend import gym_backend, to_gymnasium_space
-from aenv.libs._gym_convert import from_numpy_fn
+from aenv.libs._gym_convert import from_numpy_fn, np_dtype
 from aenv.libs._gym_vector import VectorAutoreset, normalize_autoreset_mode
-from aenv.specs import Bounded, Composite, TensorSpec, from_gym_space
+from aenv.specs import (
+    Bounded,
+    Composite,
+    MultiOneHot,
+    NonTensor,
+    OneHot,
+    TensorSpec,
+    from_gym_space,
+)
 
 __all__ = ["GymEnv", "GymWrapper"]
 
@@ -37,6 +45,23 @@ _WRAPPER_KWARGS = frozenset(
 
 def _is_vector(env: Any) -> bool:
     return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
+
+
+_READERS = ("read_action", "read_obs", "read_reward", "read_done", "_output_transform")
+
+
+def _overrides_readers(cls: type) -> bool:
+    """Whether a subclass of GymWrapper replaces a reader (then the generic path honours it)."""
+    return any(getattr(cls, name) is not getattr(GymWrapper, name) for name in _READERS)
+
+
+def _plain_array_spec(spec: TensorSpec) -> bool:
+    """Whether the spec's values are the backend's arrays as they are (no index shift, no
+    one-hot encoding, no nesting): then an array of the right dtype and shape is used as is."""
+    if isinstance(spec, (Composite, OneHot, MultiOneHot, NonTensor)):
+        return False
+    start = spec._meta.get("gym_start", 0)
+    return not (isinstance(start, list) or start)
 
 
 def _placeholder(spec: TensorSpec) -> Any:
@@ -174,14 +199,25 @@ class GymWrapper(GymLikeEnv):
         )
         if self.from_pixels:
             self._pixels_reader = from_numpy_fn(self.full_observation_spec["pixels"], dev)
-        # a lean path for the common case: one env, one observation key, nothing extra
+        # a lean path for the common case: one env on the CPU, one observation key, nothing
+        # extra, and none of the readers overridden by a subclass
+        dev_ok = dev is None or dev.type == "cpu"
         self._fast = (
             self._vector is None
             and self.frame_skip == 1
             and not self.from_pixels
             and not self.auto_reset
+            and dev_ok
             and list(obs) == ["observation"]
+            and not _overrides_readers(type(self))
         )
+        if self._fast:
+            ospec = self.full_observation_spec["observation"]
+            self._fast_obs = (
+                self._obs_readers["observation"],
+                np_dtype(ospec.dtype) if _plain_array_spec(ospec) else None,
+                tuple(ospec.shape),
+            )
 
     def _render(self) -> np.ndarray:
         frames = self._env.render()
@@ -220,28 +256,60 @@ class GymWrapper(GymLikeEnv):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self._fast:
-            obs, reward, terminated, truncated, info = self._env.step(
-                self._action_writer(tensordict.get("action"))
-            )
-            term = np.array((terminated,))
-            trunc = np.array((truncated,))
-            fields = {
-                "observation": self._obs_readers["observation"](obs),
-                "reward": torch.from_numpy(np.array((reward,), dtype=np.float32)),
-                "terminated": torch.from_numpy(term),
-                "truncated": torch.from_numpy(trunc),
-                "done": torch.from_numpy(term | trunc),
-            }
-            td = TensorDict(fields, batch_size=self.batch_size, device=self._device)
-            if self._info_readers:
-                self._read_infos(info, td)
-            return td
+            return self._fast_step(tensordict)
         if self._vector is not None:
             return self._vector_step(tensordict)
         td = super()._step(tensordict)
         if self.auto_reset and bool(td.get("done").any()):
             self._auto_reset_stash(td)
         return td
+
+    def _fast_step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """One step of the common case with as few calls as possible.
+
+        Every value is a fresh tensor (no constant is shared between steps), built from the
+        backend's outputs with the dtype and shape of its spec, so the tensordict is
+        assembled without validation.
+        """
+        src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
+        obs, reward, terminated, truncated, info = self._env.step(
+            self._action_writer(src["action"])
+        )
+        read, np_dt, shape = self._fast_obs
+        if (
+            np_dt is not None
+            and type(obs) is np.ndarray
+            and obs.dtype == np_dt
+            and obs.shape == shape
+            and obs.flags.writeable
+        ):
+            obs_t = torch.from_numpy(obs)  # what the reader gives, without its checks
+        else:
+            obs_t = read(obs)
+        fields = {
+            "observation": obs_t,
+            "reward": torch.from_numpy(np.array((reward,), dtype=self._reward_np)),
+            "terminated": torch.from_numpy(np.array((terminated,), dtype=np.bool_)),
+            "truncated": torch.from_numpy(np.array((truncated,), dtype=np.bool_)),
+            "done": torch.from_numpy(np.array((terminated or truncated,), dtype=np.bool_)),
+        }
+        td = TensorDict._new_unsafe(fields, self.batch_size, self._device, nested=False)  # type: ignore[arg-type]
+        if self._info_readers:
+            self._read_infos(info, td)
+        return td
+
+    def _fast_read_obs(self, obs: Any) -> torch.Tensor:
+        """The observation tensor (the fast path's reader; ``_fast_step`` inlines it)."""
+        read, np_dt, shape = self._fast_obs
+        if (
+            np_dt is not None
+            and type(obs) is np.ndarray
+            and obs.dtype == np_dt
+            and obs.shape == shape
+            and obs.flags.writeable
+        ):
+            return torch.from_numpy(obs)
+        return read(obs)
 
     def _auto_reset_stash(self, td: TensorDictBase) -> None:
         # the env already started its next episode: keep that start for the next reset and
@@ -308,7 +376,11 @@ class GymWrapper(GymLikeEnv):
             if options is not None:
                 reset_kw["options"] = options
             obs, info = self._reset_output_transform(self._env.reset(**reset_kw))
-        td = self._make_td(self.read_obs(obs))
+        if self._fast:
+            fields = {"observation": self._fast_read_obs(obs)}
+            td = TensorDict._new_unsafe(fields, self.batch_size, self._device, nested=False)  # type: ignore[arg-type]
+        else:
+            td = self._make_td(self.read_obs(obs))
         if self._info_readers:
             self._read_infos(info, td)
         return td

@@ -129,10 +129,14 @@ class TensorSpec:
 
     def rand(self, shape: Any = None) -> Any:
         """A random value in the spec, with extra leading dims ``shape``."""
+        if shape is None and -1 not in self.shape:  # the per-step case: no shape work
+            return self._rand(self.shape)
         return self._rand(self._full_shape(shape, _rand_dynamic))
 
     def zero(self, shape: Any = None) -> Any:
         """A zero-filled value (the spec's "zero": e.g. the first category), extra dims ``shape``."""
+        if shape is None and -1 not in self.shape:
+            return self._zero(self.shape)
         return self._zero(self._full_shape(shape, _zero_dynamic))
 
     def one(self, shape: Any = None) -> Any:

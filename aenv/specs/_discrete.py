@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from aenv.exceptions import SpecError
@@ -39,6 +40,60 @@ def _sample_masked(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if bool((probs.sum(-1) == 0).any()):
         raise SpecError("cannot sample from a mask that allows no action")
     return torch.multinomial(probs, 1).reshape(shape)
+
+
+# one-hot rows by (n, dtype, device): an identity matrix and, on the CPU for small n, its
+# rows as numpy arrays (copying one and wrapping it with from_numpy is the cheapest fresh tensor)
+_EYES: dict[tuple[int, torch.dtype, Any], tuple[torch.Tensor, tuple[np.ndarray, ...] | None]] = {}
+_ROWS_MAX_N = 64  # cache single rows up to this n
+_SCALAR = torch.Size(())
+_EYE_MAX_N = 1024  # beyond this n, no identity matrix (n * n elements): one_hot instead
+
+
+def _eye(
+    n: int, dtype: torch.dtype, device: Any
+) -> tuple[torch.Tensor, tuple[np.ndarray, ...] | None]:
+    key = (n, dtype, device)
+    found = _EYES.get(key)
+    if found is None:
+        eye = torch.eye(n, device=device).to(dtype)
+        rows = None
+        if eye.device.type == "cpu" and n <= _ROWS_MAX_N:
+            try:
+                rows = tuple(r.numpy().copy() for r in eye)
+            except TypeError:  # a dtype numpy lacks (bfloat16, ...)
+                rows = None
+        found = _EYES[key] = (eye, rows)
+    return found
+
+
+def one_hot_rows(idx: torch.Tensor, n: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """``one_hot(idx, n).to(dtype)`` as one lookup in a cached identity matrix (a fresh tensor).
+
+    For indices known to lie in ``[0, n)`` (no range check: a negative index would wrap).
+    ``torch.nn.functional.one_hot`` checks the range (two reductions) and needs a cast; this
+    does neither. A scalar index on the CPU copies a cached row (the caller owns the result
+    and may write to it).
+    """
+    if n > _EYE_MAX_N:
+        return torch.nn.functional.one_hot(idx, n).to(dtype)
+    eye, rows = _eye(n, dtype, device)
+    if idx.ndim:
+        return eye[idx]  # advanced indexing with a >= 1-dim index copies
+    if rows is not None and idx.is_cpu:
+        return torch.from_numpy(rows[idx.item()].copy())  # type: ignore[index]
+    return eye[idx].clone()  # a 0-dim index gives a view of ``eye``
+
+
+def one_hot_row(i: int, n: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """The one-hot vector of index ``i`` (checked to lie in ``[0, n)``) as a fresh tensor."""
+    if not 0 <= i < n:
+        raise RuntimeError(f"one-hot index {i} is out of [0, {n})")
+    if n <= _ROWS_MAX_N:
+        rows = _eye(n, dtype, device)[1]
+        if rows is not None:
+            return torch.from_numpy(rows[i].copy())
+    return one_hot_rows(torch.tensor(i, device=device), n, dtype, device)
 
 
 def _first_allowed(mask: torch.Tensor) -> torch.Tensor:
@@ -230,12 +285,20 @@ class OneHot(_MaskMixin, TensorSpec):
         return self.shape
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
+        n, dtype, device = self.n, self.dtype, self.device
+        if len(shape) == 1 and self.mask is None and n <= _ROWS_MAX_N:
+            # the per-step case (one unmasked one-hot): a cached row, copied
+            rows = _eye(n, dtype, device)[1]
+            idx = torch.randint(0, n, _SCALAR, device=device)
+            if rows is not None and idx.is_cpu:
+                return torch.from_numpy(rows[idx.item()].copy())  # type: ignore[index]
+            return one_hot_rows(idx, n, dtype, device)
         batch = shape[:-1]
         if self.mask is not None:
             idx = _sample_masked(self.mask, batch)
         else:
-            idx = torch.randint(0, self.n, batch, device=self.device)
-        return torch.nn.functional.one_hot(idx, self.n).to(self.dtype)
+            idx = torch.randint(0, n, batch, device=device)
+        return one_hot_rows(idx, n, dtype, device)
 
     def _zero(self, shape: torch.Size) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)

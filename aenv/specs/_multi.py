@@ -11,7 +11,14 @@ import torch
 from aenv.exceptions import SpecError
 
 from ._base import TensorSpec
-from ._discrete import Categorical, _first_allowed, _mask_ok, _MaskMixin, _sample_masked
+from ._discrete import (
+    Categorical,
+    _first_allowed,
+    _mask_ok,
+    _MaskMixin,
+    _sample_masked,
+    one_hot_rows,
+)
 from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, torch_dtype
 
 __all__ = [
@@ -173,11 +180,12 @@ class MultiOneHot(TensorSpec):
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
+        dtype, device = self.dtype, self.device
         parts = [
-            torch.nn.functional.one_hot(torch.randint(0, n, batch, device=self.device), n)
+            one_hot_rows(torch.randint(0, n, batch, device=device), n, dtype, device)
             for n in self._nlist
         ]
-        return torch.cat(parts, -1).to(self.dtype)
+        return torch.cat(parts, -1)
 
     def _check_values(self, val: torch.Tensor) -> str | None:
         if val.dtype != torch.bool and not bool(((val == 0) | (val == 1)).all()):
