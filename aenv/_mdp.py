@@ -18,8 +18,10 @@ NestedKey = str | tuple[str, ...]
 
 __all__ = [
     "NestedKey",
+    "any_true",
     "complete_done",
     "done_groups",
+    "entry",
     "exclusion_tree",
     "fast_step_mdp",
     "fast_stack",
@@ -27,6 +29,7 @@ __all__ = [
     "mask_merge",
     "pad_mask",
     "prefix_of",
+    "put",
     "reduce_mask",
     "reset_keys_from_done_keys",
     "step_mdp",
@@ -61,6 +64,14 @@ def getter(td: TensorDictBase) -> Any:
     return functools.partial(td.get, default=None)
 
 
+def entry(td: TensorDictBase, key: NestedKey) -> Any:
+    """``td.get(key, None)``; a string key of a plain TensorDict is read from its entry dict
+    (one read: :func:`getter` serves several reads of one tensordict)."""
+    if type(td) is TensorDict and type(key) is str:
+        return td._tensordict.get(key)
+    return td.get(key, None)
+
+
 def _ravel(key: tuple[str, ...]) -> NestedKey:
     return key[0] if len(key) == 1 else key
 
@@ -85,6 +96,48 @@ def reset_keys_from_done_keys(done_keys: Iterable[NestedKey]) -> list[NestedKey]
     return [_ravel((*p, "_reset")) for p in prefixes]
 
 
+def put(td: TensorDictBase, key: str, value: torch.Tensor) -> None:
+    """``td.set(key, value)`` for a tensor already shaped for ``td`` (a per-step helper).
+
+    On an unlocked plain :class:`~tensordict.TensorDict` whose batch size the value starts
+    with, and whose device (if any) it is on, this writes the entry dict directly; anything
+    else goes through ``td.set`` and its checks.
+    """
+    if type(td) is TensorDict and not td.is_locked:
+        bs = td.batch_size
+        dev = td.device
+        if value.shape[: len(bs)] == bs and (dev is None or value.device == dev):
+            td._tensordict[key] = value
+            return
+    td.set(key, value)
+
+
+def any_true(flag: torch.Tensor) -> bool:
+    """``bool(flag.any())``, reading a one-element CPU tensor directly (ten times cheaper)."""
+    if flag.numel() == 1 and flag.is_cpu:
+        return bool(flag.item())
+    return bool(flag.any())
+
+
+def _all_false_singletons(names: list[str], *flags: Any) -> bool:
+    """Whether each of a level's declared flags is present as a one-element CPU tensor
+    holding False (then the level is already complete: nothing to add or fix).
+
+    Reading one element is far cheaper than the union and the writes; most steps of most
+    envs end here.
+    """
+    given = 0
+    for flag in flags:
+        if flag is None:
+            continue
+        if not isinstance(flag, torch.Tensor) or flag.numel() != 1 or not flag.is_cpu:
+            return False
+        if flag.item():
+            return False
+        given += 1
+    return given == len(names)
+
+
 def complete_done(
     td: TensorDictBase,
     groups: dict[tuple[str, ...], list[str]],
@@ -100,11 +153,13 @@ def complete_done(
         sub = td.get(prefix, None) if prefix else td
         if sub is None:
             continue
-        get = getter(sub)
+        get = sub._tensordict.get if type(sub) is TensorDict else getter(sub)  # root-level names
         has_term = "terminated" in names
         done: Any = get("done") if "done" in names else None
         term: Any = get("terminated") if has_term else None
         trunc: Any = get("truncated") if "truncated" in names else None
+        if _all_false_singletons(names, done, term, trunc):
+            continue  # every declared flag given, one CPU element each, all False: complete
         if term is None:
             if done is not None:
                 term = done.clone()
@@ -113,7 +168,7 @@ def complete_done(
             else:
                 continue
             if has_term:
-                sub.set("terminated", term)
+                put(sub, "terminated", term)
             if done is None:
                 done = term.clone() if trunc is None else term | trunc
             elif trunc is not None:
@@ -125,9 +180,9 @@ def complete_done(
         else:
             done = done | term if trunc is None else done | term | trunc
         if done is not None and "done" in names:
-            sub.set("done", done)
+            put(sub, "done", done)
         if trunc is None and "truncated" in names:
-            sub.set("truncated", torch.zeros_like(term))
+            put(sub, "truncated", torch.zeros_like(term))
     return td
 
 
@@ -301,7 +356,7 @@ def fast_step_mdp(
     for key, value in next_tensordict._tensordict.items():
         if key in drop_next:
             continue
-        if isinstance(value, TensorDictBase):
+        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
             prev = root.get(key)
             value = value.clone(False)
             if prev is not None and prev is not next_tensordict._tensordict[key]:
@@ -312,7 +367,9 @@ def fast_step_mdp(
     for key, value in root.items():
         if key in drop_root or key in out:
             continue
-        out[key] = value.copy() if isinstance(value, TensorDictBase) else value
+        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
+            value = value.copy()
+        out[key] = value
     return TensorDict._new_unsafe(
         out,  # type: ignore[arg-type]
         batch_size=next_tensordict.batch_size,

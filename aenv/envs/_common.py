@@ -12,11 +12,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import (
+    any_true,
     complete_done,
+    entry,
     fast_step_mdp,
     getter,
     mask_merge,
     pad_mask,
+    put,
     reduce_mask,
     step_mdp,
     unravel,
@@ -111,6 +114,25 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     _step_is_async: ClassVar[bool] = False
     _reset_is_async: ClassVar[bool] = False
     _seed_is_async: ClassVar[bool] = False
+
+    async def _rollout_whole(
+        self,
+        max_steps: int,
+        policy: Callable[..., Any] | None,
+        *,
+        break_when_any_done: bool,
+        tensordict: TensorDictBase | None,
+    ) -> TensorDictBase | None:
+        """A whole rollout in one call, for envs that can run one faster than the generic
+        per-step loop; None (the default) means "not here", and the generic loop runs.
+
+        Called by :meth:`rollout` only in the plain case: no callback, no device cast, no
+        ``break_when_all_done``, no ``set_truncated``, contiguous output. ``policy`` is None
+        for random actions; ``tensordict`` is the first input, or None for "reset first".
+        The result must equal the generic loop's, stacked along a new last dim (the caller
+        names it ``"time"``).
+        """
+        return None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -259,11 +281,18 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         A boolean ``"_step"`` entry restricts the step to some batch elements; the others
         get their previous values (from ``tensordict``) or zeros under ``"next"``.
         """
+        return await self._step_checked(tensordict, True)
+
+    async def _step_checked(
+        self, tensordict: TensorDictBase, check_actions: bool
+    ) -> TensorDictBase:
+        """:meth:`step`'s body; ``check_actions=False`` skips the action checks, for actions
+        drawn from the action spec by :meth:`rand_action` (they pass by construction)."""
         if self._closed:
             self._check_open()
         self._check_batch(tensordict)
         if not self._handles_partial_steps:
-            partial = getter(tensordict)("_step")
+            partial = entry(tensordict, "_step")
             if partial is not None:
                 mask = reduce_mask(partial, (*tensordict.batch_size, 1)).to(torch.bool)
                 if bool(mask.all()):
@@ -272,7 +301,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                     next_td = await self._partial_step(tensordict, mask)
                     tensordict.set("next", next_td)
                     return tensordict
-        self._check_actions(tensordict)
+        if check_actions:
+            self._check_actions(tensordict)
         if self._step_is_async:
             next_td = await self._step(tensordict)
         elif self.blocking:
@@ -322,14 +352,13 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         return flat
 
     def _step_proc_data(self, next_td: Any, input_td: TensorDictBase) -> TensorDictBase:
-        if not isinstance(next_td, TensorDictBase):
+        if type(next_td) is not TensorDict and not isinstance(next_td, TensorDictBase):
             raise TypeError(
                 f"{type(self).__name__}._step must return a TensorDict, got {type(next_td).__name__}"
             )
         extra = self._extra_dims(input_td)
-        get = getter(next_td)
         for key, zero in self._reward_zero.items():
-            if get(key) is None:
+            if entry(next_td, key) is None:
                 next_td.set(
                     key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone()
                 )
@@ -477,11 +506,22 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             next_input = await self.reset(next_input)
         return tensordict, next_input
 
+    async def _rollout_step(
+        self, tensordict: TensorDictBase, check_actions: bool
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """:meth:`step_and_maybe_reset` for the rollout loop of an env that overrides neither
+        it nor :meth:`step` (see :meth:`_step_checked` for ``check_actions``)."""
+        tensordict = await self._step_checked(tensordict, check_actions)
+        next_input = self._step_mdp(tensordict)
+        if self._any_done_write_reset(next_input):
+            next_input = await self.reset(next_input)
+        return tensordict, next_input
+
     def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
         """``step_mdp`` with this env's keys (the exclusion tree is cached)."""
         plan = self._fast_mdp
         if plan is not None:
-            nxt = getter(td)("next")
+            nxt = entry(td, "next")
             if nxt is not None:
                 out = fast_step_mdp(td, nxt, *plan)
                 if out is not None:
@@ -495,10 +535,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             sub = td.get(prefix, None) if prefix else td
             if sub is None:
                 continue
-            done = getter(sub)("done")
+            done = entry(sub, "done")
             if done is None:
                 continue
-            if bool(done.any()):
+            if any_true(done):
                 any_done = True
                 sub.set("_reset", done.clone())
         return any_done
@@ -513,7 +553,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             tensordict.update(self.full_action_spec.rand(extra))
         else:
             for key, spec, _ in self._action_checks:
-                tensordict.set(key, spec.rand())
+                if type(key) is str:
+                    put(tensordict, key, spec.rand())
+                else:
+                    tensordict.set(key, spec.rand())
         return tensordict
 
     async def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:

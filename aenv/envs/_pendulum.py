@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -14,6 +15,9 @@ from aenv.specs import Bounded, Categorical, Composite, Unbounded
 
 __all__ = ["PendulumEnv"]
 
+_TWO_PI = 2 * math.pi
+_NO_BATCH = torch.Size(())
+
 _DEFAULTS = {
     "max_speed": 8.0,
     "max_torque": 2.0,
@@ -22,6 +26,11 @@ _DEFAULTS = {
     "m": 1.0,
     "l": 1.0,
 }
+
+
+def _plain_scalar(t: torch.Tensor) -> bool:
+    """A one-element float32 CPU tensor outside any autograd graph."""
+    return t.dtype == torch.float32 and t.numel() == 1 and t.is_cpu and not t.requires_grad
 
 
 class PendulumEnv(EnvBase):
@@ -120,14 +129,26 @@ class PendulumEnv(EnvBase):
             return cached[2]
         g, m, length, dt, max_torque, max_speed = leaves
         coefs = (1.5 * g / length * dt, 3.0 / (m * length * length) * dt, dt, max_torque, max_speed)
-        self._coef_cache = (leaves, versions, coefs)
+        # one set of parameters (no batch): the same coefficients as Python floats
+        plain = all(c.ndim == 0 and not c.requires_grad for c in coefs)
+        scalars = tuple(float(c) for c in coefs) if plain else None
+        self._coef_cache = (leaves, versions, coefs, scalars)
         return coefs
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         get = getter(tensordict)
         th, thdot, params = get("th"), get("thdot"), get("params")
         gravity, torque, dt, max_torque, max_speed = self._coefficients(params)
-        u = get("action").squeeze(-1).clamp(-max_torque, max_torque)
+        action = get("action")
+        if (
+            th.ndim == 0
+            and self._coef_cache[3] is not None  # type: ignore[index]
+            and _plain_scalar(th)
+            and _plain_scalar(thdot)
+            and _plain_scalar(action)
+        ):
+            return self._step_one(th, thdot, action, params)
+        u = action.squeeze(-1).clamp(-max_torque, max_torque)
         angle = torch.remainder(th + math.pi, 2 * math.pi).sub_(math.pi)
         cost = angle.mul_(angle)
         cost.addcmul_(thdot, thdot, value=0.1).addcmul_(u, u, value=0.001)
@@ -147,5 +168,39 @@ class PendulumEnv(EnvBase):
                 "terminated": done.clone(),
             },
             batch_size=batch,
+            nested=False,
+        )
+
+    def _step_one(
+        self,
+        th: torch.Tensor,
+        thdot: torch.Tensor,
+        action: torch.Tensor,
+        params: TensorDictBase,
+    ) -> TensorDictBase:
+        """One unbatched step, in Python floats (a few scalar tensor ops cost far more).
+
+        The same dynamics as the batched path; values are computed in double precision and
+        stored as float32, so they may differ from it in the last bit.
+        """
+        gravity, torque, dt, max_torque, max_speed = self._coef_cache[3]  # type: ignore[index]
+        th_f, thdot_f = th.item(), thdot.item()
+        u = min(max(action.item(), -max_torque), max_torque)
+        angle = (th_f + math.pi) % _TWO_PI - math.pi
+        cost = angle * angle + 0.1 * thdot_f * thdot_f + 0.001 * u * u
+        new_thdot = thdot_f + gravity * math.sin(th_f) + torque * u
+        new_thdot = min(max(new_thdot, -max_speed), max_speed)
+        new_th = (th_f + new_thdot * dt + math.pi) % _TWO_PI - math.pi
+        flags = torch.from_numpy(np.zeros((2, 1), dtype=np.bool_))
+        return TensorDict._new_unsafe(
+            {
+                "th": torch.from_numpy(np.array(new_th, dtype=np.float32)),
+                "thdot": torch.from_numpy(np.array(new_thdot, dtype=np.float32)),
+                "params": params,
+                "reward": torch.from_numpy(np.array((-cost,), dtype=np.float32)),
+                "done": flags[0],
+                "terminated": flags[1],
+            },
+            batch_size=_NO_BATCH,
             nested=False,
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from aenv._mdp import fast_stack, time_named, unravel
+from aenv._mdp import any_true, fast_stack, time_named, unravel
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -45,7 +45,7 @@ def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
 def _any_done(env: EnvBase, td: TensorDictBase) -> bool:
     for key in env._done_flag_keys:
         flag = td.get(key, None)
-        if flag is not None and flag.any():
+        if flag is not None and any_true(flag):
             return True
     return False
 
@@ -73,27 +73,54 @@ async def run_rollout(
     if auto_reset:
         if tensordict is not None:
             raise RuntimeError("tensordict cannot be passed when auto_reset=True")
-        tensordict = await env.reset()
     elif tensordict is None:
         raise RuntimeError("a tensordict is required when auto_reset=False")
+    if (
+        callback is None
+        and not auto_cast_to_device
+        and not break_when_all_done
+        and not set_truncated
+        and return_contiguous
+    ):
+        whole = await env._rollout_whole(
+            max_steps, policy, break_when_any_done=bool(break_when_any_done), tensordict=tensordict
+        )
+        if whole is not None:
+            return time_named(whole)
+    if auto_reset:
+        tensordict = await env.reset()
+    assert tensordict is not None
     if set_truncated and not any(unravel(k)[-1] == "truncated" for k in env.done_keys):
         raise RuntimeError(
             "set_truncated=True needs 'truncated' entries in the done spec; "
             "call env.add_truncated_keys() first"
         )
-    if policy is None:
-        policy = env.rand_action
+    # random actions: rand_action is plain and returns its input, so no call_policy
+    rand_action = env.rand_action if policy is None else None
+    # an env keeping EnvBase's step and step_and_maybe_reset: the loop calls their body
+    # directly, and skips the action checks for actions that EnvBase.rand_action drew
+    from aenv.envs._common import EnvBase as Base
+
+    cls = type(env)
+    plain = (
+        cls.step is Base.step
+        and cls.step_and_maybe_reset is Base.step_and_maybe_reset
+        and cls.rand_action is Base.rand_action
+    )
     device = env.device
     steps = _StepStore(bool(return_contiguous))
     td = tensordict
     for i in range(max_steps):
         if break_when_all_done and i:
             td.set("_step", ~_done_mask(env, td))
-        td = await call_policy(policy, td)
+        td = rand_action(td) if rand_action is not None else await call_policy(policy, td)  # type: ignore[arg-type]
         if auto_cast_to_device and device is not None:
             td = td.to(device)
         if break_when_any_done or break_when_all_done:
-            td = await env.step(td)
+            if plain:
+                td = await env._step_checked(td, rand_action is None)
+            else:
+                td = await env.step(td)
             if break_when_all_done:
                 td.pop("_step", None)
             steps.append(td)
@@ -110,7 +137,10 @@ async def run_rollout(
             elif bool(_done_mask(env, td).all()):
                 break
         else:
-            td, nxt = await env.step_and_maybe_reset(td)
+            if plain:
+                td, nxt = await env._rollout_step(td, rand_action is None)
+            else:
+                td, nxt = await env.step_and_maybe_reset(td)
             steps.append(td)
             if callback is not None:
                 res = callback(env, td)

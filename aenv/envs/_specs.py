@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +28,32 @@ _CACHED = (
     "_done_flag_keys",
     "_fast_mdp",
 )
+
+
+class _SpecDerived:
+    """A value derived from the specs (a key list, a plan) as a read-only attribute.
+
+    While the specs are locked, the first read stores the value in the instance dict, where
+    later reads find it with no call at all (some are read on every step); the stored values
+    are dropped whenever the specs change or get unlocked (``_CACHED`` lists them). Unlocked,
+    each read computes the value afresh.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self.fn(obj)
+        if obj._spec_locked:
+            obj.__dict__[self.name] = value
+        return value
 
 
 class EnvSpecsMixin:
@@ -255,105 +282,75 @@ class EnvSpecsMixin:
         self.full_done_spec = self._wrap_leaf("done_spec", "done", spec)
 
     # ------------------------------------------------------------------ keys
-    def _cached(self, name: str, factory: Any) -> Any:
-        if self._spec_locked:
-            try:
-                return self.__dict__[name]
-            except KeyError:
-                value = self.__dict__[name] = factory()
-                return value
-        return factory()
-
-    @property
+    @_SpecDerived
     def action_keys(self) -> list[NestedKey]:
-        return self._cached("action_keys", lambda: _leaf_keys(self.full_action_spec))
+        return _leaf_keys(self.full_action_spec)
 
-    @property
+    @_SpecDerived
     def reward_keys(self) -> list[NestedKey]:
-        return self._cached("reward_keys", lambda: _leaf_keys(self.full_reward_spec))
+        return _leaf_keys(self.full_reward_spec)
 
-    @property
+    @_SpecDerived
     def done_keys(self) -> list[NestedKey]:
-        return self._cached("done_keys", lambda: _leaf_keys(self.full_done_spec))
+        return _leaf_keys(self.full_done_spec)
 
-    @property
+    @_SpecDerived
     def observation_keys(self) -> list[NestedKey]:
-        return self._cached("observation_keys", lambda: _leaf_keys(self.full_observation_spec))
+        return _leaf_keys(self.full_observation_spec)
 
-    @property
+    @_SpecDerived
     def state_keys(self) -> list[NestedKey]:
-        return self._cached("state_keys", lambda: _leaf_keys(self.full_state_spec))
+        return _leaf_keys(self.full_state_spec)
 
-    @property
+    @_SpecDerived
     def reset_keys(self) -> list[NestedKey]:
         """One ``"_reset"`` key per level holding done entries."""
-        return self._cached("reset_keys", lambda: reset_keys_from_done_keys(self.done_keys))
+        return reset_keys_from_done_keys(self.done_keys)
 
-    @property
+    @_SpecDerived
     def _done_groups(self) -> dict[tuple[str, ...], list[str]]:
-        return self._cached("_done_groups", lambda: done_groups(self.done_keys))
+        return done_groups(self.done_keys)
 
-    @property
+    @_SpecDerived
     def _done_zeros(self) -> dict[tuple[str, ...], torch.Tensor]:
-        def make() -> dict[tuple[str, ...], torch.Tensor]:
-            out = {}
-            for prefix, names in self._done_groups.items():
-                spec = self.full_done_spec[(*prefix, names[0])]
-                out[prefix] = torch.zeros(spec.shape, dtype=torch.bool, device=spec.device)
-            return out
+        out = {}
+        for prefix, names in self._done_groups.items():
+            spec = self.full_done_spec[(*prefix, names[0])]
+            out[prefix] = torch.zeros(spec.shape, dtype=torch.bool, device=spec.device)
+        return out
 
-        return self._cached("_done_zeros", make)
-
-    @property
+    @_SpecDerived
     def _reward_zero(self) -> dict[NestedKey, torch.Tensor]:
-        return self._cached(
-            "_reward_zero",
-            lambda: {k: self.full_reward_spec[k].zero() for k in self.reward_keys},
-        )
+        return {k: self.full_reward_spec[k].zero() for k in self.reward_keys}
 
-    @property
+    @_SpecDerived
     def _action_checks(self) -> list[tuple[NestedKey, TensorSpec, bool]]:
-        def make() -> list[tuple[NestedKey, TensorSpec, bool]]:
-            checks = []
-            for key in self.action_keys:
-                spec = self.full_action_spec[key]
-                tensorlike = spec.dtype is not None and not type(spec).__name__.startswith(
-                    "NonTensor"
-                )
-                checks.append((key, spec, tensorlike))
-            return checks
+        checks = []
+        for key in self.action_keys:
+            spec = self.full_action_spec[key]
+            tensorlike = spec.dtype is not None and not type(spec).__name__.startswith("NonTensor")
+            checks.append((key, spec, tensorlike))
+        return checks
 
-        return self._cached("_action_checks", make)
-
-    @property
+    @_SpecDerived
     def _mdp_tree(self) -> dict[str, Any]:
-        return self._cached(
-            "_mdp_tree",
-            lambda: exclusion_tree(["next", *self.reward_keys, *self.done_keys, *self.action_keys]),
-        )
+        return exclusion_tree(["next", *self.reward_keys, *self.done_keys, *self.action_keys])
 
-    @property
+    @_SpecDerived
     def _done_flag_keys(self) -> list[NestedKey]:
         """The ``"done"`` leaves (one per level): enough to tell whether anything is done."""
-        return self._cached(
-            "_done_flag_keys",
-            lambda: [k for k in self.done_keys if (k if isinstance(k, str) else k[-1]) == "done"],
-        )
+        return [k for k in self.done_keys if (k if isinstance(k, str) else k[-1]) == "done"]
 
-    @property
+    @_SpecDerived
     def _fast_mdp(self) -> tuple[frozenset[str], frozenset[str]] | None:
         """``(dropped from "next", dropped from the root)`` for :func:`~aenv._mdp.fast_step_mdp`,
         or None when a reward, done or action key is nested (the general path then runs)."""
-
-        def make() -> tuple[frozenset[str], frozenset[str]] | None:
-            keys = [*self.reward_keys, *self.done_keys, *self.action_keys]
-            if not all(isinstance(k, str) or len(k) == 1 for k in keys):
-                return None
-            flat = [k if isinstance(k, str) else k[0] for k in keys]
-            rewards = frozenset(k if isinstance(k, str) else k[0] for k in self.reward_keys)
-            return rewards, frozenset(("next", "_reset", "_step", *flat))
-
-        return self._cached("_fast_mdp", make)
+        keys = [*self.reward_keys, *self.done_keys, *self.action_keys]
+        if not all(isinstance(k, str) or len(k) == 1 for k in keys):
+            return None
+        flat = [k if isinstance(k, str) else k[0] for k in keys]
+        rewards = frozenset(k if isinstance(k, str) else k[0] for k in self.reward_keys)
+        return rewards, frozenset(("next", "_reset", "_step", *flat))
 
     def _single_key(self, kind: str, keys: list[NestedKey]) -> NestedKey:
         if len(keys) != 1:

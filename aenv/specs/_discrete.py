@@ -185,6 +185,8 @@ class Categorical(_MaskMixin, TensorSpec):
             return _sample_masked(self.mask, shape).to(self.dtype)
         if self.dtype == torch.bool:
             return torch.randint(0, self.n, shape, device=self.device).bool()
+        if self.dtype is torch.int64 and self.device is None:
+            return torch.randint(self.n, shape)  # the same draw; fewer arguments to parse
         return torch.randint(0, self.n, shape, dtype=self.dtype, device=self.device)
 
     def _check_values(self, val: torch.Tensor) -> str | None:

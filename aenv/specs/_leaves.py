@@ -184,9 +184,30 @@ class Bounded(TensorSpec):
             self.__dict__["_finite_cache"] = cached = (key, flag)
         return cached[1]
 
+    def _uniform_bounds(self) -> tuple[float, float] | None:
+        """``(low, high)`` as floats when each bound is one finite value repeated over the
+        whole shape and their distance is finite in the dtype, else None (cached against the bound tensors' identity and version)."""
+        low, high = self.low, self.high
+        key = (id(low), id(high), low._version, high._version)
+        cached = self.__dict__.get("_uniform_cache")
+        if cached is None or cached[0] != key:
+            value: tuple[float, float] | None = None
+            if low.numel() and bool(torch.isfinite(low).all() & torch.isfinite(high).all()):
+                lo, hi = low.reshape(-1)[0], high.reshape(-1)[0]
+                span_ok = float(hi) - float(lo) <= torch.finfo(low.dtype).max  # uniform_ needs it
+                if span_ok and bool((low == lo).all() & (high == hi).all()):
+                    value = (float(lo), float(hi))
+            self.__dict__["_uniform_cache"] = cached = (key, value)
+        return cached[1]
+
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         low, high = self.low, self.high
         if _is_float(self.dtype):
+            bounds = self._uniform_bounds()
+            if bounds is not None:
+                # one value per bound: draw in place (one kernel, where lerp takes three)
+                out = torch.empty(shape, dtype=self.dtype, device=self.device)
+                return out.uniform_(*bounds).clamp_(*bounds)
             u = torch.rand(shape, dtype=self.dtype, device=self.device)
             if self._bounds_finite():
                 return torch.lerp(low, high, u).clamp_(low, high)

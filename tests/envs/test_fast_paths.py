@@ -153,3 +153,143 @@ async def test_pendulum_coefficients_follow_parameter_changes():
     batch["action"] = torch.zeros(2, 1)
     out = (await env.step(batch))["next", "thdot"]
     assert out[1] == pytest.approx(2 * out[0].item())
+
+
+# ---------------------------------------------------------------- per-step shortcuts
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # all declared flags given, one element each, all False: left exactly as given
+        ({"done": False, "terminated": False, "truncated": False}, (False, False, False)),
+        # any flag set: completed as usual (done is the union)
+        ({"done": False, "terminated": True, "truncated": False}, (True, True, False)),
+        ({"done": False, "terminated": False, "truncated": True}, (True, False, True)),
+        # a declared flag missing: added (not skipped)
+        ({"done": False, "terminated": False}, (False, False, False)),
+        ({"done": False}, (False, False, False)),
+    ],
+)
+def test_complete_done_shortcut_only_when_nothing_to_do(given, expected):
+    from aenv._mdp import complete_done
+
+    groups = {(): ["done", "terminated", "truncated"]}
+    td = TensorDict({k: torch.tensor([v]) for k, v in given.items()}, [])
+    before = {k: td[k] for k in given}
+    complete_done(td, groups, {(): torch.zeros(1, dtype=torch.bool)})
+    got = (td["done"].item(), td["terminated"].item(), td["truncated"].item())
+    assert got == expected
+    if not any(given.values()) and len(given) == 3:
+        assert all(td[k] is before[k] for k in given)  # nothing rewritten
+
+
+def test_complete_done_batched_flags_take_the_general_path():
+    from aenv._mdp import complete_done
+
+    td = TensorDict(
+        {"done": torch.tensor([[False], [False]]), "terminated": torch.tensor([[False], [True]])},
+        [2],
+    )
+    complete_done(td, {(): ["done", "terminated"]})
+    assert td["done"].squeeze(-1).tolist() == [False, True]
+
+
+def test_any_true_matches_any():
+    from aenv._mdp import any_true
+
+    for t in (
+        torch.tensor([True]),
+        torch.tensor([False]),
+        torch.tensor(True),
+        torch.tensor([[False], [True]]),
+        torch.zeros(3, dtype=torch.bool),
+        torch.zeros(0, dtype=torch.bool),
+    ):
+        assert any_true(t) == bool(t.any())
+
+
+def test_put_writes_like_set_and_falls_back():
+    from aenv._mdp import put
+
+    td = TensorDict({}, [2])
+    put(td, "a", torch.ones(2, 3))
+    assert td["a"].shape == (2, 3)
+    with pytest.raises(RuntimeError):
+        put(td, "b", torch.ones(3))  # wrong batch size: set's own error
+    td.lock_()
+    with pytest.raises(RuntimeError):
+        put(td, "c", torch.ones(2))  # locked: set refuses
+
+
+def test_bounded_uniform_rand_stays_in_bounds_and_follows_bound_changes():
+    from aenv.specs import Bounded
+
+    spec = Bounded(-2.0, 3.0, shape=(1000,), dtype=torch.float32)
+    x = spec.rand()
+    assert x.dtype == torch.float32 and x.shape == (1000,)
+    assert x.min() >= -2.0 and x.max() <= 3.0 and x.min() < -1.5 and x.max() > 2.5
+    spec64 = Bounded(0.0, 1e-3, shape=(4, 2), dtype=torch.float64)
+    assert spec64.rand((3,)).shape == (3, 4, 2) and spec64.is_in(spec64.rand())
+    # per-element bounds keep the general path, still in bounds
+    per = Bounded(torch.tensor([0.0, 10.0]), torch.tensor([1.0, 11.0]))
+    assert per._uniform_bounds() is None
+    y = per.rand((500,))
+    assert (y[:, 0] <= 1.0).all() and (y[:, 1] >= 10.0).all()
+    # bounds changed in place: the cached floats follow
+    spec.low.fill_(5.0)
+    spec.high.fill_(6.0)
+    assert spec.rand().min() >= 5.0
+
+
+async def test_pendulum_unbatched_step_matches_batched_step():
+    env = PendulumEnv(seed=0)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        td = await env.reset()
+        td["th"] = (torch.rand((), generator=gen) * 2 - 1) * 4.0
+        td["thdot"] = (torch.rand((), generator=gen) * 2 - 1) * 8.0
+        td["action"] = (torch.rand((1,), generator=gen) * 2 - 1) * 3.0  # clamped to 2
+        one = env._step(td)
+        batched = env._step(td.unsqueeze(0))
+        assert one.batch_size == () and batched.batch_size == (1,)
+        for key in ("th", "thdot", "reward", "done", "terminated"):
+            a, b = one[key], batched[key].squeeze(0)
+            assert a.dtype == b.dtype and a.shape == b.shape, key
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+async def test_pendulum_keeps_gradients_through_the_batched_path():
+    env = PendulumEnv(seed=0)
+    td = await env.reset()
+    action = torch.tensor([0.5], requires_grad=True)
+    td["action"] = action
+    out = env._step(td)
+    out["thdot"].backward()
+    assert action.grad is not None and action.grad.item() != 0.0
+
+
+async def test_random_rollout_skips_no_check_a_policy_needs():
+    env = CountingEnv()
+
+    def bad_policy(td):
+        td["action"] = torch.zeros(1, dtype=torch.float32)  # the spec says int64
+        return td
+
+    with pytest.raises(Exception, match="dtype"):
+        await env.rollout(3, bad_policy)
+    roll = await env.rollout(3, break_when_any_done=False)
+    assert all(env.action_spec.is_in(a) for a in roll["action"].unbind(0))
+
+
+def test_spec_derived_values_are_cached_only_while_locked():
+    env = CountingEnv()
+    first = env.action_keys
+    assert env.action_keys is first and env.__dict__["action_keys"] is first
+    env.set_spec_lock_(False)
+    assert "action_keys" not in env.__dict__
+    assert env.action_keys is not env.action_keys  # recomputed at each read
+    env.set_spec_lock_(True)
+    env.reward_spec = env.reward_spec.clone()  # assignment drops every cached value
+    assert "_done_groups" not in env.__dict__ and "action_keys" not in env.__dict__
+    assert env._done_groups == {(): ["done", "terminated"]}
