@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ from aenv.envs._gymlike import GymLikeEnv
 from aenv.exceptions import BatchSizeError
 from aenv.libs._gym_backend import gym_backend, to_gymnasium_space
 from aenv.libs._gym_convert import from_numpy_fn, np_dtype
+from aenv.libs._gym_rollout import layout, plain_input, rollout_whole
 from aenv.libs._gym_vector import VectorAutoreset, normalize_autoreset_mode
 from aenv.specs import (
     Bounded,
@@ -55,6 +58,40 @@ def _overrides_readers(cls: type) -> bool:
     return any(getattr(cls, name) is not getattr(GymWrapper, name) for name in _READERS)
 
 
+# methods the whole-rollout path stands in for: a subclass (or instance) replacing one of
+# them gets the generic rollout loop, which calls it
+_WHOLE_ROLLOUT_METHODS = (
+    "_step",
+    "_fast_step",
+    "_fast_read_obs",
+    "_reset",
+    "_reset_output_transform",
+    "_read_infos",
+    "_make_td",
+    "step",
+    "reset",
+    "rand_action",
+    "step_and_maybe_reset",
+    "_step_mdp",
+    "_step_proc_data",
+    "_reset_proc_data",
+    "_check_batch",
+    "_check_actions",
+    "_any_done_write_reset",
+    "_check_done_after_reset",
+    "_step_checked",
+    "_rollout_step",
+)
+
+
+@functools.cache
+def _keeps_rollout_methods(cls: type) -> bool:
+    return all(
+        getattr(cls, name, None) is getattr(GymWrapper, name, None)
+        for name in _WHOLE_ROLLOUT_METHODS
+    )
+
+
 def _plain_array_spec(spec: TensorSpec) -> bool:
     """Whether the spec's values are the backend's arrays as they are (no index shift, no
     one-hot encoding, no nesting): then an array of the right dtype and shape is used as is."""
@@ -83,6 +120,10 @@ class GymWrapper(GymLikeEnv):
 
     A vector env becomes one env of batch size ``(num_envs,)``; its autoreset mode is mapped
     onto aenv's done/reset semantics (see :mod:`aenv.libs._gym_vector`).
+
+    A plain :meth:`rollout` of a single CPU env (one observation, no pixels, frame skip,
+    auto reset or info readers) runs as one gymnasium loop into numpy buffers, with the
+    generic loop's result (see :mod:`aenv.libs._gym_rollout`).
 
     Args:
         env: the gymnasium env.
@@ -384,6 +425,33 @@ class GymWrapper(GymLikeEnv):
         if self._info_readers:
             self._read_infos(info, td)
         return td
+
+    async def _rollout_whole(
+        self,
+        max_steps: int,
+        policy: Callable[..., Any] | None,
+        *,
+        break_when_any_done: bool,
+        tensordict: TensorDictBase | None,
+    ) -> TensorDictBase | None:
+        """The whole rollout as one gymnasium loop (see :mod:`aenv.libs._gym_rollout`), for a
+        single CPU env on the per-step fast path with nothing that needs the generic loop
+        (info readers, type checks, replaced methods, a policy with ``blocking``, a first
+        tensordict holding more than a reset gives); None otherwise."""
+        if (
+            not self._fast
+            or self._info_readers
+            or self.run_type_checks
+            or self._closed
+            or (policy is not None and self.blocking)
+            or not _keeps_rollout_methods(type(self))
+            or not self.__dict__.keys().isdisjoint(_WHOLE_ROLLOUT_METHODS)
+        ):
+            return None
+        lay = layout(self)
+        if lay is None or (tensordict is not None and not plain_input(self, tensordict, lay)):
+            return None
+        return await rollout_whole(self, lay, max_steps, policy, break_when_any_done, tensordict)
 
     async def _aclose(self) -> None:
         self._env.close()
