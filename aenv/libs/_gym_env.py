@@ -316,19 +316,8 @@ class GymWrapper(GymLikeEnv):
         obs, reward, terminated, truncated, info = self._env.step(
             self._action_writer(src["action"])
         )
-        read, np_dt, shape = self._fast_obs
-        if (
-            np_dt is not None
-            and type(obs) is np.ndarray
-            and obs.dtype == np_dt
-            and obs.shape == shape
-            and obs.flags.writeable
-        ):
-            obs_t = torch.from_numpy(obs)  # what the reader gives, without its checks
-        else:
-            obs_t = read(obs)
         fields = {
-            "observation": obs_t,
+            "observation": self._fast_read_obs(obs),
             "reward": torch.from_numpy(np.array((reward,), dtype=self._reward_np)),
             "terminated": torch.from_numpy(np.array((terminated,), dtype=np.bool_)),
             "truncated": torch.from_numpy(np.array((truncated,), dtype=np.bool_)),
@@ -340,7 +329,8 @@ class GymWrapper(GymLikeEnv):
         return td
 
     def _fast_read_obs(self, obs: Any) -> torch.Tensor:
-        """The observation tensor (the fast path's reader; ``_fast_step`` inlines it)."""
+        """The observation tensor: the backend's array as it is when it already has the
+        spec's dtype and shape (what the reader would give, without its checks)."""
         read, np_dt, shape = self._fast_obs
         if (
             np_dt is not None
