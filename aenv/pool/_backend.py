@@ -65,6 +65,22 @@ The contract, in full:
     A fast path for whole-batch calls by backends that can do better than one
     ``submit`` per env (the coroutine backend awaits cheap sync envs inline). Returns one
     outcome per index, in order. Backends without one leave ``has_run_batch = False``.
+
+``async run_stacked(op, tensordict, step_timeout)`` (optional, ``has_run_stacked``)
+    A faster path still for a whole-batch ``"step"`` or ``"step_and_maybe_reset"`` on
+    every env: the inputs are the pool's stacked ``tensordict`` (no per-env split) and the
+    results come back stacked (:class:`Stacked`). Returns None, having started nothing,
+    when it cannot take this call (the pool then splits the batch); a list of per-env
+    outcomes (as :meth:`run_batch`'s) when some env failed or its result did not come back
+    stacked. It is made of five steps a caller may interleave to overlap consecutive
+    steps: ``stage_stacked(tensordict, bank) -> bool`` writes the inputs into one of two
+    banks (False: nothing written, split the batch), ``launch_stacked(op, bank,
+    step_timeout)`` starts the work on that bank's inputs (a call handle, or None: nothing
+    started), ``async wait_stacked(call)`` waits for it (None when the results are all in
+    the bank, else per-env outcomes), ``read_stacked(call)`` reads them (before the bank is
+    launched again), ``abandon_stacked(call)`` gives up a call nobody will wait for.
+    ``overlaps_steps`` says the envs live in other processes (nothing the pool's process
+    does can change what they do) and ``stacks_all`` that this pool's envs can be staged.
 """
 
 from __future__ import annotations
@@ -74,6 +90,9 @@ import importlib
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
+
+import torch
+from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -85,6 +104,7 @@ __all__ = [
     "Backend",
     "Deliver",
     "Failure",
+    "Stacked",
     "backend_class",
     "normalize_backend_name",
 ]
@@ -129,6 +149,28 @@ class Failure:
         return f"Failure({type(self.exc).__name__}: {self.exc})"
 
 
+class Stacked:
+    """The result of a whole-batch step on every env, stacked along dim 0 by the backend.
+
+    ``next`` holds every env's ``"next"`` content. For ``"step_and_maybe_reset"``,
+    ``reset_mask`` (a bool tensor, one flag per env; None when no env was reset) marks the
+    envs that were done and reset, and the rows of ``reset`` it marks hold their reset
+    results (the other rows are meaningless).
+    """
+
+    __slots__ = ("next", "reset", "reset_mask")
+
+    def __init__(
+        self,
+        nxt: TensorDictBase,
+        reset: TensorDictBase | None = None,
+        reset_mask: torch.Tensor | None = None,
+    ) -> None:
+        self.next = nxt
+        self.reset = reset
+        self.reset_mask = reset_mask
+
+
 def normalize_backend_name(name: str) -> str:
     """The canonical name of a backend (``"threading"`` -> ``"thread"``)."""
     key = name.lower()
@@ -169,6 +211,16 @@ class Backend(abc.ABC):
     name: ClassVar[str] = ""
     #: True when :meth:`run_batch` is implemented.
     has_run_batch: ClassVar[bool] = False
+    #: True when :meth:`run_stacked` is implemented.
+    has_run_stacked: ClassVar[bool] = False
+    #: True when the envs live in other processes (nothing the pool's process does, such as
+    #: drawing random actions, can change what they do).
+    overlaps_steps: ClassVar[bool] = False
+
+    @property
+    def stacks_all(self) -> bool:
+        """Whether :meth:`stage_stacked` can take a whole batch of this pool's envs."""
+        return False
 
     def __init__(self, deliver: Deliver, **options: Any) -> None:
         if options:
@@ -208,4 +260,42 @@ class Backend(abc.ABC):
         self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
     ) -> list[Any]:
         """Optional whole-batch fast path; see the module docstring."""
+        raise NotImplementedError
+
+    async def run_stacked(
+        self, op: str, tensordict: TensorDictBase, step_timeout: float | None
+    ) -> Stacked | list[Any] | None:
+        """A stacked whole-batch ``op`` on every env (see the module docstring): stage the
+        inputs in bank 0, launch, wait, read."""
+        if not self.has_run_stacked or not self.stage_stacked(tensordict, 0):
+            return None
+        call = self.launch_stacked(op, 0, step_timeout)
+        if call is None:
+            return None
+        outcomes = await self.wait_stacked(call)
+        if outcomes is not None:
+            return outcomes
+        try:
+            return self.read_stacked(call)
+        except Exception as exc:
+            return [Failure(exc)] * len(self.env_fns)
+
+    def stage_stacked(self, tensordict: TensorDictBase, bank: int = 0) -> bool:
+        """Write a whole batch's stacked inputs into ``bank``; see the module docstring."""
+        return False
+
+    def launch_stacked(self, op: str, bank: int, step_timeout: float | None) -> Any:
+        """Start ``op`` on every env from ``bank``'s inputs; see the module docstring."""
+        return None
+
+    async def wait_stacked(self, call: Any) -> list[Any] | None:
+        """Wait for a launched call; see the module docstring."""
+        raise NotImplementedError
+
+    def read_stacked(self, call: Any) -> Stacked:
+        """The stacked results of a call that came back whole; see the module docstring."""
+        raise NotImplementedError
+
+    def abandon_stacked(self, call: Any) -> None:
+        """Give up a launched call; see the module docstring."""
         raise NotImplementedError

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aenv.exceptions import EnvBusyError, EnvStepError, StepTimeoutError
-from aenv.pool._backend import Backend, Failure
+from aenv.pool._backend import Backend, Failure, Stacked
 
 __all__ = ["STREAM_OPS", "_Batch", "_Dispatcher", "_Ticket"]
 
@@ -258,6 +258,56 @@ class _Dispatcher:
                     outcomes[pos] = Failure(err, o.traceback)
             return outcomes
         return await self._run_generic(op, indices, payloads)
+
+    def _stacked_ok(self) -> bool:
+        """Whether whole-batch steps may take the backend's stacked path."""
+        return (
+            self._backend.has_run_stacked
+            and self.max_concurrency is None
+            and self.on_error == "raise"
+        )
+
+    async def _hold_all(self) -> range:
+        """Mark every env busy with a backend fast-path call (see :meth:`_release_all`)."""
+        if self._orphans:
+            await self._wait_orphans()
+        indices = range(self.num_envs)
+        self._check_free(indices)
+        tickets = self._tickets
+        for i in indices:
+            tickets[i] = _FAST
+        return indices
+
+    def _release_all(self) -> None:
+        tickets = self._tickets
+        for i in range(self.num_envs):
+            if tickets[i] is _FAST:
+                tickets[i] = None
+
+    def _pool_failures(self, op: str, outcomes: list[Any]) -> list[Any]:
+        """Backend failures of a whole-batch call (env ``i`` at position ``i``) as the
+        pool's errors, remembered in :attr:`last_errors`."""
+        for i, o in enumerate(outcomes):
+            if isinstance(o, Failure):
+                err = self._to_error(i, op, o)
+                self.last_errors[i] = err
+                outcomes[i] = Failure(err, o.traceback)
+        return outcomes
+
+    async def _run_stacked(self, op: str, td: Any) -> Stacked | list[Any] | None:
+        """``op`` on every env with the stacked inputs ``td``, through the backend's
+        stacked path: a :class:`Stacked` result, per-env outcomes (as :meth:`_run_ops`'s)
+        when some env failed, or None when the backend cannot take it (nothing started)."""
+        if not self._stacked_ok():
+            return None
+        await self._hold_all()
+        try:
+            out = await self._backend.run_stacked(op, td, self.step_timeout)
+        finally:
+            self._release_all()
+        if isinstance(out, list):
+            return self._pool_failures(op, out)
+        return out
 
     async def _run_generic(
         self, op: str, indices: Sequence[int], payloads: Sequence[Any]

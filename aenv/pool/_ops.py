@@ -2,7 +2,9 @@
 
 :func:`execute` runs one operation (see :mod:`aenv.pool._backend`) on a local env;
 :func:`runs_inline` says whether it is sure to finish without suspending, in which case
-:func:`drive` runs it to completion without a task or an event loop.
+:func:`drive` runs it to completion without a task or an event loop, and
+:func:`execute_inline` gives the same result with plain calls where it can (steps of envs
+that keep EnvBase's ``step``: no coroutine per step).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from tensordict import TensorDictBase
 from aenv._mdp import getter
 from aenv.envs._common import EnvBase
 
-__all__ = ["OPS", "drive", "execute", "runs_inline"]
+__all__ = ["OPS", "drive", "execute", "execute_inline", "runs_inline"]
 
 OPS = ("step", "reset", "step_and_maybe_reset", "seed", "call", "getattr")
 
@@ -64,9 +66,29 @@ def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
     get = getter(nxt)
     for prefix in env._done_groups:
         done = get((*prefix, "done") if prefix else "done")
-        if done is not None and bool(done.any()):
+        if done is not None and (bool(done) if done.numel() == 1 else bool(done.any())):
             return True
     return False
+
+
+def execute_inline(env: EnvBase, op: str, payload: Any) -> Any:
+    """``drive(execute(env, op, payload))`` for an op that :func:`runs_inline`: the same
+    result; steps on the lean path (see :func:`_lean_step_ok`) are plain calls."""
+    if op == "step":
+        if _lean_step_ok(env, payload):
+            return env._step_proc_data(env._step(payload), payload)
+    elif (
+        op == "step_and_maybe_reset"
+        and type(env).step_and_maybe_reset is _SMR
+        and _lean_step_ok(env, payload)
+    ):
+        nxt = env._step_proc_data(env._step(payload), payload)
+        if not _any_done(env, nxt):
+            return nxt, None
+        reset_input = env._step_mdp(payload.set("next", nxt))
+        env._any_done_write_reset(reset_input)
+        return nxt, drive(env.reset(reset_input))
+    return drive(execute(env, op, payload))
 
 
 async def execute(env: EnvBase, op: str, payload: Any) -> Any:

@@ -11,9 +11,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import mask_merge, unravel
 from aenv.envs._common import EnvBase
+from aenv.envs._rollout import _StepStore
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
-from aenv.pool._backend import Failure, backend_class, normalize_backend_name
+from aenv.pool._backend import Failure, Stacked, backend_class, normalize_backend_name
 from aenv.pool._dispatch import _Ticket
 from aenv.pool._stacking import split_inputs, stack_results
 from aenv.pool._stream import StreamMixin
@@ -284,6 +285,13 @@ class AsyncEnvPool(StreamMixin, EnvBase):
                 return self._previous_as_next(tensordict.exclude("_step", "next"))
             if not bool(sel.all()):
                 indices = sel.nonzero().squeeze(-1).tolist()
+        if mask is None and not self._lazy:
+            out = await self._run_stacked("step", tensordict)
+            if isinstance(out, Stacked):
+                return out.next
+            if out is not None:
+                self._raise_failures("step", indices, out)
+                return self._assemble(out, indices, "next")
         inputs = split_inputs(tensordict, indices, self._step_keys(), self._sub_batch)
         outcomes = await self._run_ops("step", indices, inputs)
         self._raise_failures("step", indices, outcomes)
@@ -301,16 +309,187 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         self._check_open()
         self._check_batch(tensordict)
         self._check_actions(tensordict)
-        inputs = split_inputs(tensordict, self._all, self._step_keys(), self._sub_batch)
-        outcomes = await self._run_ops("step_and_maybe_reset", self._all, inputs)
-        self._raise_failures("step_and_maybe_reset", self._all, outcomes)
+        op = "step_and_maybe_reset"
+        out = None if self._lazy else await self._run_stacked(op, tensordict)
+        if isinstance(out, Stacked):
+            return tensordict, self._stacked_next_input(tensordict, out)
+        if out is None:
+            inputs = split_inputs(tensordict, self._all, self._step_keys(), self._sub_batch)
+            out = await self._run_ops(op, self._all, inputs)
+        self._raise_failures(op, self._all, out)
+        return tensordict, self._outcomes_next_input(tensordict, out)
+
+    def _outcomes_next_input(
+        self, tensordict: TensorDictBase, outcomes: list[Any]
+    ) -> TensorDictBase:
+        """Record per-env ``(next, reset | None)`` outcomes of a whole-batch
+        ``step_and_maybe_reset`` in ``tensordict`` and return the next step's input."""
         nxt = stack_results([o[0] for o in outcomes], self._lazy)
         tensordict.set("next", self._step_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
         resets = [(i, o[1]) for i, o in enumerate(outcomes) if o[1] is not None]
         if resets:
             self._write_resets(next_input, resets)
-        return tensordict, next_input
+        return next_input
+
+    def _draw_actions(self) -> dict[str, torch.Tensor]:
+        """Random actions for the whole batch, drawn as :meth:`rand_action` draws them
+        (one ``rand()`` per action spec, in order)."""
+        return {key: spec.rand() for key, spec, _ in self._action_checks}  # type: ignore[misc]
+
+    def _stacked_next_input(self, tensordict: TensorDictBase, out: Stacked) -> TensorDictBase:
+        """Record a stacked step's results in ``tensordict`` (under ``"next"``) and return
+        the next step's input, done envs' rows taken from their resets."""
+        tensordict.set("next", self._stacked_proc_data(out.next, tensordict))
+        next_input = self._step_mdp(tensordict)
+        if out.reset_mask is not None:
+            self._merge_resets(next_input, out.reset, out.reset_mask)  # type: ignore[arg-type]
+        return next_input
+
+    # ------------------------------------------------------------------ rollouts
+    async def _rollout_whole(
+        self,
+        max_steps: int,
+        policy: Callable[..., Any] | None,
+        *,
+        break_when_any_done: bool,
+        tensordict: TensorDictBase | None,
+    ) -> TensorDictBase | None:
+        """A random-action rollout with resets (``policy=None``,
+        ``break_when_any_done=False``) on a backend whose envs live in other processes
+        and take whole batches stacked: its steps overlap. As soon as step ``t``'s results
+        are out of the backend, step ``t + 1`` starts with its random action, and step
+        ``t`` is recorded while the envs work.
+
+        The actions do not depend on the observations and are drawn from the torch random
+        stream one step at a time, as the generic loop draws them, and nothing else in
+        this process draws from it in between (the envs live elsewhere), so the result
+        equals the generic loop's: same keys, values and resets, the same error at the same
+        step. Anything else (a policy, stopping at a done, state keys in the step input,
+        lazy stacking, a backend that cannot) is left to the generic loop (None).
+        """
+        if policy is not None or break_when_any_done or self._lazy or self.state_keys:
+            return None
+        backend = self._backend
+        if not (self._stacked_ok() and backend.overlaps_steps and backend.stacks_all):
+            return None
+        if type(self).rand_action is not AsyncEnvPool.rand_action or not all(
+            type(key) is str for key in self.action_keys
+        ):
+            return None
+        if tensordict is None:
+            tensordict = await self.reset()
+        elif tensordict.batch_size != self.batch_size or "_step" in tensordict.keys():
+            return None
+        steps = _StepStore(True)
+        td = self.rand_action(tensordict)
+        op = "step_and_maybe_reset"
+        self._check_open()
+        self._check_actions(td)
+        t, bank, staged = 0, 0, False
+        await self._hold_all()
+        call: Any = None
+        # the torch random state from before the action drawn ahead of its step: put back
+        # when the rollout ends before the generic loop would have drawn that action
+        rng: torch.Tensor | None = None
+        try:
+            if backend.stage_stacked(td, bank):
+                call = backend.launch_stacked(op, bank, self.step_timeout)
+            while call is not None:
+                action = None
+                if t + 1 < max_steps:
+                    # while step t runs, draw step t + 1's action (as the generic loop's
+                    # rand_action draws it) and stage it in the other bank
+                    rng = torch.get_rng_state()
+                    action = self._draw_actions()
+                    inputs = TensorDict._new_unsafe(
+                        action,  # type: ignore[arg-type]
+                        batch_size=self.batch_size,
+                        nested=False,
+                    )
+                    staged = backend.stage_stacked(inputs, 1 - bank)
+                outcomes = await backend.wait_stacked(call)
+                done, call = call, None
+                if outcomes is not None:  # some env failed, or answered pickled
+                    self._raise_failures(op, self._all, self._pool_failures(op, outcomes))
+                if action is not None:
+                    # step t went well: step t + 1 starts before step t is recorded
+                    self._check_open()
+                    if staged:
+                        bank = 1 - bank
+                        call = backend.launch_stacked(op, bank, self.step_timeout)
+                if outcomes is None:
+                    nxt = self._stacked_next_input(td, backend.read_stacked(done))
+                else:
+                    nxt = self._outcomes_next_input(td, outcomes)
+                steps.append(td)
+                t += 1
+                rng = None
+                if action is None:
+                    return steps.finish()
+                for key, value in action.items():
+                    nxt.set(key, value)
+                td = nxt
+        finally:
+            if call is not None:
+                backend.abandon_stacked(call)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            self._release_all()
+        # the backend could not take a step stacked (a lost env, a broken worker): the
+        # generic loop's steps from here on, the action of step ``t`` being in ``td``
+        while True:
+            td, nxt = await self.step_and_maybe_reset(td)
+            steps.append(td)
+            t += 1
+            if t == max_steps:
+                return steps.finish()
+            td = self.rand_action(nxt)
+
+    def _stacked_proc_data(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+        """The pool's ``_step_proc_data`` of stacked sub-env results, skipped where it is
+        the identity: every sub-env already completed its own results (missing rewards,
+        done flags made consistent level by level), so when the pool's reward and done
+        keys are all there and it runs no type checks, completing the stack again would
+        rebuild the same flags."""
+        if not self.run_type_checks and type(nxt) is TensorDict:
+            entries = nxt._tensordict
+            if all(k in entries for k in self.done_keys) and all(
+                k in entries for k in self.reward_keys
+            ):
+                return nxt
+        return self._step_proc_data(nxt, td)
+
+    def _merge_resets(self, td: TensorDictBase, reset: TensorDictBase, mask: torch.Tensor) -> None:
+        """:meth:`_write_resets` for stacked reset results: the rows ``mask`` flags (new
+        tensors: the stepped tensordict shares the ones replaced)."""
+        entries = td._tensordict if type(td) is TensorDict else None
+        views: dict[int, torch.Tensor] = {}
+        rows: torch.Tensor | None = None
+        n = mask.shape[0]
+        for key, value in reset.items():
+            current = entries.get(key) if entries is not None else td.get(key, None)
+            if not isinstance(current, torch.Tensor) or not isinstance(value, torch.Tensor):
+                continue
+            if (
+                current.shape == value.shape
+                and current.dtype == value.dtype
+                and current.device == value.device
+            ):
+                flags = views.get(value.ndim)
+                if flags is None:
+                    flags = views[value.ndim] = mask.view(n, *(1,) * (value.ndim - 1))
+                merged = torch.where(flags, value, current)
+                if entries is not None:
+                    entries[key] = merged  # the same shape, dtype and device: no checks
+                else:
+                    td.set(key, merged)
+            else:
+                if rows is None:
+                    rows = mask.nonzero().squeeze(-1)
+                target = current.clone()
+                target[rows] = value[rows].to(target.device)
+                td.set(key, target)
 
     def _write_resets(self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]) -> None:
         if self._lazy:

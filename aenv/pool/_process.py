@@ -10,8 +10,12 @@ is a tiny tuple. Commands submitted in one loop turn go out as one frame per wor
 Whole-batch calls take :meth:`ProcessBackend.run_batch`: one ``("batch", ...)`` command per
 worker (sent as soon as its envs' inputs are in their slots), one reply per worker once all
 its envs are done (as each finishes when a step timeout needs to know), results read back
-from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). The
-streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
+from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). A
+whole-batch step of every env takes :meth:`ProcessBackend.run_stacked` where the pool's
+envs are laid out as consecutive block rows (:class:`~aenv.pool._shm.StackedBlocks`): the
+stacked inputs go into the blocks and the stacked results come out of them with one copy
+per leaf, with no per-env TensorDict in the parent. The streamed calls keep the per-env
+path (:meth:`ProcessBackend.submit`).
 
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
@@ -39,6 +43,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import (
@@ -47,12 +54,22 @@ from aenv.exceptions import (
     StepTimeoutError,
     WorkerCrashedError,
 )
-from aenv.pool._backend import Backend, Failure
+from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly
 from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import FAILED, PICKLED, SLOT, worker_main
-from aenv.pool._shm import Block, Slot, make_region, map_blocks, map_region, map_slots, plan_layout
+from aenv.pool._shm import (
+    BANKS,
+    Block,
+    Slot,
+    StackedBlocks,
+    make_region,
+    map_blocks,
+    map_region,
+    map_slots,
+    plan_layout,
+)
 
 __all__ = ["DEFAULT_START_METHOD", "ProcessBackend"]
 
@@ -65,16 +82,23 @@ _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
 
 
 class _Batch:
-    """A whole-batch call in flight (:meth:`ProcessBackend.run_batch`)."""
+    """A whole-batch call in flight (:meth:`ProcessBackend.run_batch`; ``raw`` for
+    ``launch_stacked``: its outcomes are the workers' undecoded ``(env, code, data)``
+    entries, the results staying in the blocks until all are in, or failures)."""
 
-    __slots__ = ("future", "indices", "left", "op", "outcomes")
+    __slots__ = ("bank", "future", "indices", "left", "op", "outcomes", "raw", "timer")
 
-    def __init__(self, op: str, indices: Sequence[int], future: asyncio.Future[None]) -> None:
+    def __init__(
+        self, op: str, indices: Sequence[int], future: asyncio.Future[None], raw: bool = False
+    ) -> None:
         self.op = op
         self.indices = indices
         self.outcomes: list[Any] = [None] * len(indices)
         self.left = len(indices)
         self.future = future
+        self.raw = raw
+        self.timer: asyncio.TimerHandle | None = None
+        self.bank = 0
 
     def store(self, pos: int, outcome: Any) -> None:
         self.outcomes[pos] = outcome
@@ -98,6 +122,8 @@ class ProcessBackend(ClosingMixin, Backend):
 
     name = "process"
     has_run_batch = True
+    has_run_stacked = True
+    overlaps_steps = True
 
     def __init__(
         self,
@@ -135,6 +161,16 @@ class ProcessBackend(ClosingMixin, Backend):
         self._last_cmd: list[tuple[Any, ...] | None] = []
         self._batch_of: list[tuple[_Batch, int] | None] = []
         self._rows: list[tuple[dict[str, Block], int] | None] = []
+        # per bank (see aenv.pool._shm): the slots and block rows of each env; bank 0's are
+        # _slots and _rows
+        self._bank_slots: list[list[dict[str, Slot] | None]] = []
+        self._bank_rows: list[list[tuple[dict[str, Block], int] | None]] = []
+        # per bank: the blocks as one stacked batch, or None
+        self._stacked: list[StackedBlocks] | None = None
+        # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
+        # it has, the worker may still read the env's input slot for the cancelled op, so
+        # the env's inputs travel pickled (never written over that op's input)
+        self._fences: dict[int, int] = {}
         self._seq = itertools.count(1)
         self._requests = itertools.count(1)
         self._replies: dict[int, tuple[int, bytes]] = {}
@@ -161,12 +197,14 @@ class ProcessBackend(ClosingMixin, Backend):
         if self.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["aenv.pool._process_worker"])
         self._lifeline_r, self._lifeline = self._ctx.Pipe(duplex=False)
-        self._slots = [None] * n
+        self._bank_slots = [[None] * n for _ in range(BANKS)]
+        self._bank_rows = [[None] * n for _ in range(BANKS)]
+        self._slots = self._bank_slots[0]
         self._inflight = [None] * n
         self._lost = [None] * n
         self._last_cmd = [None] * n
         self._batch_of = [None] * n
-        self._rows = [None] * n
+        self._rows = self._bank_rows[0]
         try:
             for wid, indices in enumerate(groups):
                 blob = cloudpickle.dumps([self.env_fns[i] for i in indices])
@@ -181,7 +219,30 @@ class ProcessBackend(ClosingMixin, Backend):
             self.abort()
             raise
         self._note_creator_metas(metas)
+        self._stacked = self._plan_stacked()
         return [metas[i] for i in range(n)]
+
+    def _plan_stacked(self) -> list[StackedBlocks] | None:
+        """Per bank, the blocks of the workers as one stacked batch, when each worker's
+        envs are one group whose rows are the envs in order (see :class:`StackedBlocks`)."""
+        banks = []
+        for rows in self._bank_rows:
+            parts = []
+            for w in self._workers:
+                first = rows[w.indices[0]]
+                if first is None:
+                    return None
+                blocks = first[0]
+                for row, i in enumerate(w.indices):
+                    at = rows[i]
+                    if at is None or at[0] is not blocks or at[1] != row:
+                        return None
+                parts.append((blocks, w.indices[0], w.indices[-1] + 1))
+            stacked = StackedBlocks.plan(parts)
+            if stacked is None:
+                return None
+            banks.append(stacked)
+        return banks
 
     def _spawn(self, w: _Worker) -> None:
         parent_sock, child_sock = socket.socketpair()
@@ -229,18 +290,21 @@ class ProcessBackend(ClosingMixin, Backend):
             raise exc
         metas: dict[int, EnvMetaData] = msg[1]
         if w.region_fd < 0:
-            w.layouts, groups, w.region_size = plan_layout(metas)
+            w.layouts, groups, w.bank_size = plan_layout(metas)
+            w.region_size = BANKS * w.bank_size
             w.region_fd = make_region(w.region_size)
             w.flat = map_region(w.region_fd, w.region_size)
-            for i in w.indices:
-                self._slots[i] = map_slots(w.flat, w.layouts[i])
-            for group in groups:
-                blocks = map_blocks(w.flat, group)
-                for row, i in enumerate(group[0]):
-                    self._rows[i] = (blocks, row)
+            for bank in range(BANKS):
+                flat = w.flat[bank * w.bank_size :]
+                for i in w.indices:
+                    self._bank_slots[bank][i] = map_slots(flat, w.layouts[i])
+                for group in groups:
+                    blocks = map_blocks(flat, group)
+                    for row, i in enumerate(group[0]):
+                        self._bank_rows[bank][i] = (blocks, row)
         assert w.chan is not None
         w.chan.send_fd(w.region_fd)
-        w.chan.send([("slots", w.region_size, w.layouts)])
+        w.chan.send([("slots", w.region_size, w.layouts, w.bank_size)])
         w.state = "ready"
         if w.outbox:
             out, w.outbox = w.outbox, []
@@ -305,6 +369,13 @@ class ProcessBackend(ClosingMixin, Backend):
                 return  # given up (replace / cancel)
             self._inflight[i] = None
             self._complete(i, self._decode(i, inflight[1], code, data))
+        elif kind == "cx":
+            _, i, n = msg
+            left = self._fences.get(i, 0) - n
+            if left > 0:
+                self._fences[i] = left
+            else:
+                self._fences.pop(i, None)
         elif kind == "ack":
             timer = w.ack_timers.pop(msg[1], None)
             if timer is not None:
@@ -336,6 +407,18 @@ class ProcessBackend(ClosingMixin, Backend):
         if not live:
             return
         op = inflight[live[0][0]][1]  # type: ignore[index]
+        batch_of = self._batch_of
+        held = batch_of[live[0][0]]
+        if held is not None and held[0].raw:
+            # a stacked batch (its envs at their own positions): the results are read
+            # from the blocks once all are in
+            batch = held[0]
+            for entry in live:
+                i = entry[0]
+                inflight[i] = None
+                batch_of[i] = None
+                batch.store(i, entry)
+            return
         for entry, outcome in zip(live, self._decode_batch(op, live)):
             inflight[entry[0]] = None
             self._complete(entry[0], outcome)
@@ -373,10 +456,10 @@ class ProcessBackend(ClosingMixin, Backend):
                 return out
         return [self._decode(i, op, code, data) for i, code, data in entries]
 
-    def _decode(self, i: int, op: str, code: int, data: Any) -> Any:
+    def _decode(self, i: int, op: str, code: int, data: Any, bank: int = 0) -> Any:
         try:
             if code == SLOT:
-                slots = self._slots[i]
+                slots = self._bank_slots[bank][i]
                 assert slots is not None
                 if op == "step":
                     return slots["next"].read()
@@ -429,7 +512,11 @@ class ProcessBackend(ClosingMixin, Backend):
         plain reset), else the pickled payload."""
         if op in _SLOT_OPS:
             slots = self._slots[env_index]
-            if slots is not None and slots["in"].write_input(payload):
+            if (
+                slots is not None
+                and env_index not in self._fences
+                and slots["in"].write_input(payload)
+            ):
                 return None
         elif op == "reset" and payload[0] is None and not payload[1]:
             return None
@@ -478,27 +565,136 @@ class ProcessBackend(ClosingMixin, Backend):
         except BaseException:
             self._abandon(batch)
             raise
-        if not batch.left:
-            return batch.outcomes
-        timer = (
-            loop.call_later(step_timeout, self._expire_batch, batch, step_timeout)  # type: ignore[arg-type]
-            if timed
-            else None
-        )
+        await self._wait_batch(batch, step_timeout if timed else None)
+        return batch.outcomes
+
+    async def _wait_batch(self, batch: _Batch, step_timeout: float | None) -> None:
+        """Wait until every env of ``batch`` has its outcome (expiring the late ones after
+        ``step_timeout``, counted from now unless the batch's timer runs already); a
+        cancelled caller stops the batch's work."""
+        if batch.left and step_timeout is not None and batch.timer is None:
+            batch.timer = asyncio.get_running_loop().call_later(
+                step_timeout, self._expire_batch, batch, step_timeout
+            )
         try:
-            await batch.future
+            if batch.left:
+                await batch.future
         except BaseException:
             self._abandon(batch)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
-        return batch.outcomes
+            if batch.timer is not None:
+                batch.timer.cancel()
+                batch.timer = None
+
+    @property
+    def stacks_all(self) -> bool:
+        return self._stacked is not None
+
+    def _refusing(self) -> bool:
+        """Whether some env would be refused an op (a broken worker, a lost env)."""
+        for w in self._workers:
+            if w.state == "broken":
+                return True
+        for lost in self._lost:
+            if lost is not None:
+                return True
+        return False
+
+    def stage_stacked(self, tensordict: Any, bank: int = 0) -> bool:
+        """Write the stacked inputs of a whole batch (every env) into ``bank``'s blocks, one
+        copy per leaf. False, with nothing written, when the blocks cannot take them or
+        some env would be refused (a broken worker, a lost env): the caller then splits the
+        batch. The workers must be done with the bank's inputs (no call in flight on it)."""
+        stacked = self._stacked
+        if stacked is None or self._fences or self._refusing():
+            return False
+        return stacked[bank].write_inputs(tensordict)
+
+    def launch_stacked(self, op: str, bank: int, step_timeout: float | None) -> Any:
+        """Send a whole-batch ``op`` (``"step"`` or ``"step_and_maybe_reset"``) on every
+        env, its inputs staged in ``bank`` (:meth:`stage_stacked`): one ``("batch", ...)``
+        command per worker, as in :meth:`run_batch`. Returns the call for
+        :meth:`wait_stacked`, or None (nothing sent) when some env would be refused."""
+        if op not in _SLOT_OPS or self._stacked is None or self._refusing():
+            return None
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._bind(loop)
+        batch = _Batch(op, range(self._stacked[bank].n), loop.create_future(), raw=True)
+        batch.bank = bank
+        timed = step_timeout is not None
+        seq = next(self._seq)
+        inflight, batch_of = self._inflight, self._batch_of
+        current = (seq, op)
+        # (no _last_cmd: it is only read back for resets)
+        try:
+            for w in self._workers:
+                items = w.stacked_items
+                if items is None:
+                    items = w.stacked_items = [(i, None) for i in w.indices]
+                for i in w.indices:
+                    inflight[i] = current
+                    batch_of[i] = (batch, i)
+                self._send_batch(w, seq, op, items, timed, bank)
+        except BaseException:
+            self._abandon(batch)
+            raise
+        if timed and batch.left:
+            batch.timer = loop.call_later(step_timeout, self._expire_batch, batch, step_timeout)  # type: ignore[arg-type]
+        return batch
+
+    def abandon_stacked(self, call: Any) -> None:
+        """Give up a launched call that nobody will finish: its envs' work is cancelled
+        where it can be and their outcomes dropped."""
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        self._abandon(call)
+
+    async def wait_stacked(self, call: Any) -> list[Any] | None:
+        """Wait until every env of a launched call answered. None when all results are in
+        the call's bank (read them with :meth:`read_stacked` before that bank is used
+        again); else the per-env outcomes, as :meth:`run_batch`'s (some env failed or
+        answered pickled)."""
+        batch: _Batch = call
+        await self._wait_batch(batch, None)
+        for o in batch.outcomes:
+            if type(o) is not tuple or o[1] != SLOT:
+                break
+        else:
+            return None
+        op, bank = batch.op, batch.bank
+        return [
+            self._decode(i, op, o[1], o[2], bank) if type(o) is tuple else o
+            for i, o in enumerate(batch.outcomes)
+        ]
+
+    def read_stacked(self, call: Any) -> Stacked:
+        """The stacked results of a call :meth:`wait_stacked` found all in the blocks."""
+        batch: _Batch = call
+        stacked = self._stacked[batch.bank]  # type: ignore[index]
+        nxt = stacked.read("next")
+        if batch.op == "step":
+            return Stacked(nxt)
+        flags = [bool(o[2]) for o in batch.outcomes]
+        if not any(flags):
+            return Stacked(nxt)
+        mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
+        return Stacked(nxt, stacked.read("reset"), mask)
 
     def _send_batch(
-        self, w: _Worker, seq: int, op: str, items: list[tuple[int, Any]], stream: bool
+        self,
+        w: _Worker,
+        seq: int,
+        op: str,
+        items: list[tuple[int, Any]],
+        stream: bool,
+        bank: int = 0,
     ) -> None:
-        w.outbox.append(("batch", seq, op, items, stream))
+        w.outbox.append(
+            ("batch", seq, op, items, stream, bank) if bank else ("batch", seq, op, items, stream)
+        )
         if w.state == "ready" and w.chan is not None:
             out, w.outbox = w.outbox, []
             # a closed channel: its reader sees the EOF and fails the batch's envs
@@ -540,6 +736,7 @@ class ProcessBackend(ClosingMixin, Backend):
             w = self._of_env[env_index]
             if w.state in ("ready", "starting"):
                 w.outbox.append(("cancel", env_index, inflight[0]))
+                self._fences[env_index] = self._fences.get(env_index, 0) + 1
                 self._schedule_flush()
         return True
 
@@ -590,6 +787,8 @@ class ProcessBackend(ClosingMixin, Backend):
             return
         starting = w.state == "starting"
         w.state = "dead"
+        for i in w.indices:
+            self._fences.pop(i, None)
         if w.chan is not None:
             w.chan.close()
         for timer in w.ack_timers.values():

@@ -31,12 +31,15 @@ class Worker:
         self.outbox: list[tuple[Any, ...]] = []
         self.region_fd = -1
         self.region_size = 0
+        self.bank_size = 0
         self.layouts: dict[int, Any] = {}
         self.flat: torch.Tensor | None = None
         self.ack_timers: dict[int, asyncio.TimerHandle] = {}
         self.kill_reason: str | None = None
         self.failure: Failure | None = None
         self.exit_timer: asyncio.TimerHandle | None = None
+        #: the ``(env, None)`` items of a stacked batch command (inputs in the blocks)
+        self.stacked_items: list[tuple[int, None]] | None = None
 
     @property
     def pid(self) -> int | None:

@@ -7,16 +7,20 @@ high-latency envs busy. Results go back batched per loop turn, tensors through t
 
 Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the parent):
 
-* parent -> worker: ``("op", env, seq, op, data)`` (``data`` None: the input is in the
+* parent -> worker: ``("slots", region_size, layouts, bank_size)`` once (after the
+  region's descriptor), ``("op", env, seq, op, data)`` (``data`` None: the input is in the
   env's ``"in"`` slot, or for a reset, no input and no keyword; else the pickled payload),
-  ``("batch", seq, op, [(env, data), ...], stream)`` (one whole-batch call's share of this
-  worker: one ``op`` per env, all under one ``seq``), ``("cancel", env, seq)``,
+  ``("batch", seq, op, [(env, data), ...], stream[, bank])`` (one whole-batch call's share
+  of this worker: one ``op`` per env, all under one ``seq``, its slots those of ``bank``,
+  default 0; see :mod:`aenv.pool._shm`), ``("cancel", env, seq)``,
   ``("replace", env)``, ``("attr", request, env, name)``, ``("close",)``.
 * worker -> parent: ``("meta", metas)`` / ``("failed", failure)`` once at start-up,
   ``("r", env, seq, code, data)`` per outcome (:data:`SLOT`: in the slots; :data:`PICKLED`:
   ``data`` is the pickled result; :data:`FAILED`: ``data`` is a pickled ``(exc, traceback)``),
   ``("b", seq, [(env, code, data), ...])`` for a batch (once, when all its envs are done;
   as they finish when ``stream`` was set), ``("ack", env)`` for a replace,
+  ``("cx", env, n)`` for ``n`` cancels of the env once nothing runs for it (until then the
+  parent sends the env's inputs pickled, not through its input slot),
   ``("attr", request, code, data)``.
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
@@ -47,12 +51,13 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import EnvStepError
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._ops import drive, execute, runs_inline
+from aenv.pool._ops import execute, execute_inline, runs_inline
 from aenv.pool._shm import Slot, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
 SLOT, PICKLED, FAILED = 0, 1, 2
+_SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _DUMP = pickle.HIGHEST_PROTOCOL
 #: Seconds a finished result may wait for its siblings' to go out in the same frame.
 _HOLD = 0.0005
@@ -140,13 +145,16 @@ def worker_main(
         os._exit(1)
     try:
         fd = chan.recv_fd()
-        ((_, size, layouts),) = chan.recv_blocking(limit=1)[0]
+        ((_, size, layouts, bank_size),) = chan.recv_blocking(limit=1)[0]
         flat = map_region(fd, size)
         os.close(fd)
     except (ChannelClosed, OSError, ValueError):
         os._exit(1)
-    slots = {i: map_slots(flat, layouts.get(i)) for i in indices}
-    runtime = _Runtime(chan, envs, fns, slots)
+    banks = [
+        {i: map_slots(flat[start:], layouts.get(i)) for i in indices}
+        for start in range(0, size, bank_size)
+    ]
+    runtime = _Runtime(chan, envs, fns, banks[0], banks)
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -163,12 +171,13 @@ class _Batch:
     (``("b", seq, entries)``) once all are in, or as they come when ``stream`` is set (the
     parent has a step timeout and must know which envs finished)."""
 
-    __slots__ = ("entries", "left", "listed", "seq", "stream")
+    __slots__ = ("bank", "entries", "left", "listed", "seq", "stream")
 
-    def __init__(self, seq: int, left: int, stream: bool) -> None:
+    def __init__(self, seq: int, left: int, stream: bool, bank: int = 0) -> None:
         self.seq = seq
         self.left = left
         self.stream = stream
+        self.bank = bank
         self.entries: list[tuple[int, int, Any]] = []
         self.listed = False
 
@@ -186,17 +195,21 @@ class _Runtime:
         envs: dict[int, EnvBase],
         fns: dict[int, Callable[[], EnvBase]],
         slots: dict[int, dict[str, Slot] | None],
+        banks: list[dict[int, dict[str, Slot] | None]] | None = None,
     ) -> None:
         self.chan = chan
         self.envs = envs
         self.fns = fns
-        self.slots = slots
+        self.slots = slots  # bank 0's
+        self.banks = banks if banks is not None else [slots]
         self.broken: dict[int, bytes] = {}
         self.seq: dict[int, int | None] = dict.fromkeys(envs)
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.task_batch: dict[int, _Batch | None] = {}
         self.queued: dict[int, deque[_Op]] = {i: deque() for i in envs}
         self.retired: set[asyncio.Task[Any]] = set()
+        #: env -> cancels to acknowledge when its running task is over
+        self.cancel_acks: dict[int, int] = {}
         self.out: list[tuple[Any, ...]] = []
         self.out_batches: list[_Batch] = []
         self.out_since = 0.0
@@ -232,20 +245,29 @@ class _Runtime:
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
         if kind == "batch":
-            _, seq, op, items, stream = cmd
-            batch = _Batch(seq, len(items), stream)
-            for i, data in items:
-                self._submit((i, seq, op, data, batch))
+            seq, op, items, stream = cmd[1:5]
+            batch = _Batch(seq, len(items), stream, cmd[5] if len(cmd) > 5 else 0)
+            if op in _SLOT_OPS:
+                self._slot_batch(seq, op, items, batch)
+            else:
+                for i, data in items:
+                    self._submit((i, seq, op, data, batch))
         elif kind == "op":
             _, i, seq, op, data = cmd
             self._submit((i, seq, op, data, None))
         elif kind == "cancel":
             _, i, seq = cmd
+            task = self.tasks.get(i)
             if self.seq.get(i) == seq:
                 self._forget(i)
-                task = self.tasks.get(i)
                 if task is not None:
                     task.cancel()
+            if task is None:
+                self._put(("cx", i, 1))
+            else:
+                # acknowledged once the task is over: until then it may read the env's
+                # input slot, which the parent must not write over
+                self.cancel_acks[i] = self.cancel_acks.get(i, 0) + 1
         elif kind == "replace":
             self._replace(cmd[1])
         elif kind == "attr":
@@ -275,6 +297,44 @@ class _Runtime:
         else:
             self._start(rec)
 
+    def _slot_batch(self, seq: int, op: str, items: list[tuple[int, Any]], batch: _Batch) -> None:
+        """A batch's steps: each env whose input is in its slot and whose step cannot
+        suspend runs right here, as plain calls (:func:`execute_inline`), its result going
+        straight into its slots; any other env takes the general path (:meth:`_submit`)."""
+        envs, slots_of, tasks, broken, seqs = (
+            self.envs,
+            self.banks[batch.bank],
+            self.tasks,
+            self.broken,
+            self.seq,
+        )
+        for i, data in items:
+            env = envs.get(i)
+            slots = slots_of.get(i)
+            if (
+                data is not None
+                or slots is None
+                or env is None
+                or i in tasks
+                or i in broken
+                or not runs_inline(env, op)
+            ):
+                self._submit((i, seq, op, data, batch))
+                continue
+            seqs[i] = seq
+            if (self.out or self.out_batches) and (
+                batch.stream or time.perf_counter() - self.out_since > _HOLD
+            ):
+                # do not hold finished results behind a slow env (a streamed batch's
+                # parent has a step timeout: it hears of each env as it finishes)
+                self._flush()
+            try:
+                result = execute_inline(env, op, slots["in"].view())
+            except Exception as exc:
+                self._done(i, seq, batch, FAILED, pack_failure(exc))
+            else:
+                self._result(i, seq, op, batch, result)
+
     def _forget(self, i: int) -> None:
         """Env ``i``'s current operation (and any queued) is given up: no outcome goes
         back for it; a batch it belonged to no longer waits for it."""
@@ -303,7 +363,7 @@ class _Runtime:
                 if op == "reset":
                     payload: Any = (None, {})
                 else:
-                    slots = self.slots[i]
+                    slots = self.banks[batch.bank if batch is not None else 0][i]
                     assert slots is not None
                     # a shallow copy: the env reads the slot's tensors (as TorchRL's workers
                     # read their buffers); entries it adds do not land in the slot
@@ -317,7 +377,7 @@ class _Runtime:
             if (self.out or self.out_batches) and time.perf_counter() - self.out_since > _HOLD:
                 self._flush()  # do not hold finished results behind a slow env
             try:
-                result = drive(execute(env, op, payload))
+                result = execute_inline(env, op, payload)
             except Exception as exc:
                 self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:
@@ -359,7 +419,13 @@ class _Runtime:
             self.task_batch.pop(i, None)
             self._next(i)
 
+    def _ack_cancels(self, i: int) -> None:
+        n = self.cancel_acks.pop(i, 0)
+        if n:
+            self._put(("cx", i, n))
+
     def _next(self, i: int) -> None:
+        self._ack_cancels(i)
         queued = self.queued[i]
         if queued:
             self._start(queued.popleft())
@@ -367,7 +433,7 @@ class _Runtime:
         self._flush()
 
     def _result(self, i: int, seq: int, op: str, batch: _Batch | None, result: Any) -> None:
-        slots = self.slots.get(i)
+        slots = self.banks[batch.bank if batch is not None else 0].get(i)
         if slots is not None:
             if op == "step":
                 if slots["next"].write(result):
@@ -414,6 +480,7 @@ class _Runtime:
         if task is not None:
             task.cancel()
             self._retire(task)
+        self._ack_cancels(i)
         old = self.envs.pop(i, None)
         if old is not None:
             self._retire(self.loop.create_task(_quiet_close(old)))

@@ -11,6 +11,13 @@ Like envs of one worker (same keys, shapes, dtypes) have their slots laid out as
 one block per leaf (:class:`Block`), so the parent reads a whole batch's results back with
 one copy per leaf instead of one per env and leaf.
 
+A region holds :data:`BANKS` copies of that layout (banks), one after the other: a
+whole-batch command names the bank it uses, so that while the workers run a step on one
+bank, the parent writes the next step's inputs into the other, and reads the step's results
+once it has sent the next one (see :meth:`~aenv.pool._process.ProcessBackend.stage_stacked`).
+Every other use is bank 0. A bank is a suffix view of the region
+(``flat[b * bank_size:]``) handed to :func:`map_slots` / :func:`map_blocks`.
+
 An env whose specs hold non-tensor leaves or dynamic (-1) dims, or a device other than the
 CPU, gets no slots: its data travels pickled. A result that does not fit its slot (a key
 more or less, another shape or dtype) is pickled too (:meth:`Slot.write` says so), so the
@@ -29,9 +36,20 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._utils import EnvMetaData
 
-__all__ = ["Block", "Slot", "make_region", "map_blocks", "map_region", "map_slots", "plan_layout"]
+__all__ = [
+    "Block",
+    "Slot",
+    "StackedBlocks",
+    "make_region",
+    "map_blocks",
+    "map_region",
+    "map_slots",
+    "plan_layout",
+]
 
 _ALIGN = 64
+#: Copies of the slot layout in a region (bank ``b`` starts at ``b * bank_size``).
+BANKS = 2
 #: Slot kinds: the step input, the step result ("next" content), the reset result.
 KINDS = ("in", "next", "reset")
 
@@ -153,7 +171,7 @@ class Slot:
     :meth:`read` returns a private copy.
     """
 
-    __slots__ = ("batch_size", "by_key", "dsts", "flat_keys", "n", "td")
+    __slots__ = ("batch_size", "by_key", "dsts", "flat_keys", "n", "sig", "td")
 
     def __init__(self, flat: torch.Tensor, batch_size: tuple[int, ...], leaves: list[Leaf]) -> None:
         self.batch_size = torch.Size(batch_size)
@@ -165,18 +183,17 @@ class Slot:
             self.by_key[key] = view
         self.n = len(self.by_key)
         self.dsts = list(self.by_key.values())
+        # what a value must be to fit each leaf (dtypes are singletons: compared by identity)
+        self.sig = [(key, dst.dtype, dst.shape) for key, dst in self.by_key.items()]
         # plain string keys: the fast paths read a TensorDict's entry dict directly
         self.flat_keys = all(type(key) is str for key in self.by_key)
 
     def _sources(self, entries: dict[str, Any]) -> list[torch.Tensor] | None:
         srcs = []
-        for key, dst in self.by_key.items():
+        tensor = torch.Tensor
+        for key, dtype, shape in self.sig:
             value = entries.get(key)
-            if (
-                type(value) is not torch.Tensor
-                or value.dtype != dst.dtype
-                or value.shape != dst.shape
-            ):
+            if type(value) is not tensor or value.dtype is not dtype or value.shape != shape:
                 return None
             srcs.append(value)
         return srcs
@@ -319,3 +336,92 @@ def map_blocks(flat: torch.Tensor, group: GroupLayout) -> dict[str, Block]:
     """The blocks of one group of like envs over a mapped region."""
     _, batch_size, kinds = group
     return {kind: Block(flat, batch_size, leaves) for kind, leaves in kinds.items()}
+
+
+class StackedBlocks:
+    """The blocks of several workers whose envs, together, are a whole pool in order: part
+    ``k`` holds envs ``start_k:stop_k`` in its block rows, and every part has the same
+    leaves. A whole batch's inputs go in with one copy per leaf and part, its results come
+    out as one stacked tensor per leaf (no per-env TensorDicts on either side).
+
+    Build it with :meth:`plan`, which returns None when the pool is not laid out that way
+    (pickled-only envs, unlike envs, nested keys).
+    """
+
+    __slots__ = ("batch_size", "dsts", "expected", "in_keys", "kinds", "n", "single", "slices")
+
+    def __init__(self, parts: list[tuple[dict[str, Block], int, int]]) -> None:
+        first = parts[0][0]
+        self.n = parts[-1][2]
+        self.single = len(parts) == 1
+        self.slices = [(start, stop) for _, start, stop in parts]
+        self.batch_size = torch.Size((self.n, *first["in"].batch_size))
+        # kind -> [(key, [view of each part])]
+        self.kinds: dict[str, list[tuple[str, list[torch.Tensor]]]] = {}
+        for kind in first:
+            cols = []
+            for j, (key, _) in enumerate(first[kind].views):
+                cols.append((key, [blocks[kind].views[j][1] for blocks, _, _ in parts]))
+            self.kinds[kind] = cols
+        self.in_keys = [key for key, _ in self.kinds["in"]]
+        self.expected = [
+            (views[0].dtype, torch.Size((self.n, *views[0].shape[1:])))
+            for _, views in self.kinds["in"]
+        ]
+        self.dsts = [view for _, views in self.kinds["in"] for view in views]
+
+    @classmethod
+    def plan(cls, parts: list[tuple[dict[str, Block], int, int]]) -> StackedBlocks | None:
+        """``parts``: each worker's blocks and the env range its rows hold, in env order."""
+        if not parts or parts[0][1] != 0:
+            return None
+        signature = None
+        for k, (blocks, start, stop) in enumerate(parts):
+            if k and start != parts[k - 1][2]:
+                return None
+            sig = []
+            for kind in KINDS:
+                block = blocks.get(kind)
+                if block is None or not block.flat_keys or block.td.batch_size[0] != stop - start:
+                    return None
+                sig.append(
+                    (
+                        kind,
+                        block.batch_size,
+                        [(key, v.dtype, v.shape[1:]) for key, v in block.views],
+                    )
+                )
+            if signature is None:
+                signature = sig
+            elif sig != signature:
+                return None
+        return cls(parts)
+
+    def write_inputs(self, td: TensorDictBase) -> bool:
+        """Copy the input leaves of the whole batch ``td`` into the blocks; False (nothing
+        written) when one is missing or does not fit, or ``td`` is not a plain TensorDict
+        of the pool's batch size without a ``"_step"`` mask."""
+        if type(td) is not TensorDict or td.batch_size != self.batch_size:
+            return False
+        entries = td._tensordict
+        if "_step" in entries:
+            return False
+        srcs: list[torch.Tensor] = []
+        for key, (dtype, shape) in zip(self.in_keys, self.expected):
+            value = entries.get(key)
+            if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
+                return False
+            if self.single:
+                srcs.append(value)
+            else:
+                srcs.extend(value[start:stop] for start, stop in self.slices)
+        _copy_all(self.dsts, srcs)
+        return True
+
+    def read(self, kind: str) -> TensorDictBase:
+        """A private copy of every env's ``kind`` slot, stacked: one tensor per leaf."""
+        if self.single:
+            fields = {key: views[0].clone() for key, views in self.kinds[kind]}
+        else:
+            fields = {key: torch.cat(views) for key, views in self.kinds[kind]}
+        return TensorDict._new_unsafe(fields, batch_size=self.batch_size, nested=False)  # type: ignore[arg-type]

@@ -1,0 +1,495 @@
+"""The process backend's stacked whole-batch path: a whole batch's inputs and results cross
+the shared-memory blocks as one tensor per leaf, and a random-action rollout overlaps its
+steps (two banks of blocks). Everything here is checked for exact equality against the
+coroutine backend (same seeds, same torch random stream), partial resets inside a batch,
+faults in the middle of a stacked step or rollout included."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import cloudpickle
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv import EnvBase, EnvStepError, PoolError, StepTimeoutError, WorkerCrashedError
+from aenv.envs._utils import EnvMetaData
+from aenv.pool import AsyncEnvPool
+from aenv.pool._process_worker import SLOT, _Runtime
+from aenv.pool._shm import (
+    BANKS,
+    StackedBlocks,
+    make_region,
+    map_blocks,
+    map_region,
+    map_slots,
+    plan_layout,
+)
+from aenv.specs import Composite, OneHot, Unbounded
+from aenv.testing import CountingEnv
+
+pytestmark = pytest.mark.timeout(90)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class WalkEnv(EnvBase):
+    """A random walk driven by its one-hot action, with noise from its own generator (the
+    torch global stream stays the parent's), done after ``limit`` steps from the start.
+    ``fail_at`` raises on that step (counted since the env was built), ``hang_at`` blocks
+    the worker on it unless file ``marker`` exists (writing it first: a rebuilt env does
+    not hang again), ``extra_at`` adds an entry no slot holds (the result goes back
+    pickled)."""
+
+    def __init__(
+        self,
+        limit: int = 3,
+        fail_at: int = -1,
+        hang_at: int = -1,
+        extra_at: int = -1,
+        marker: str = "",
+    ) -> None:
+        super().__init__()
+        self.observation_spec = Composite(observation=Unbounded((2,)))
+        self.action_spec = OneHot(2)
+        self.reward_spec = Unbounded((1,))
+        self.limit = limit
+        self.fail_at, self.hang_at, self.extra_at = fail_at, hang_at, extra_at
+        self.marker = marker
+        self.gen = torch.Generator().manual_seed(0)
+        self.pos = 0.0
+        self.t = 0
+        self.total = 0
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.gen.manual_seed(seed or 0)
+
+    def _obs(self) -> torch.Tensor:
+        return torch.tensor([self.pos, float(torch.rand((), generator=self.gen))])
+
+    def _reset(self, td: TensorDictBase | None, **kw: Any) -> TensorDictBase:
+        self.pos, self.t = 0.0, 0
+        return TensorDict({"observation": self._obs()}, [])
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        if self.total == self.fail_at:
+            raise ValueError(f"walk failed at step {self.total}")
+        if self.total == self.hang_at and not Path(self.marker).exists():
+            Path(self.marker).write_text("hanging")
+            time.sleep(3600)
+        move = 1.0 if bool(td["action"][1]) else -1.0
+        self.pos += move
+        self.t += 1
+        self.total += 1
+        out = TensorDict(
+            {
+                "observation": self._obs(),
+                "reward": torch.tensor([move]),
+                "done": torch.tensor([self.t >= self.limit]),
+            },
+            [],
+        )
+        if self.total == self.extra_at:
+            out["extra"] = torch.ones(1)
+        return out
+
+
+class AsyncWalkEnv(WalkEnv):
+    """The same walk with async methods: the worker runs its steps as tasks (a hang waits
+    on the worker's loop, which goes on serving the other envs)."""
+
+    async def _reset(self, td: TensorDictBase | None, **kw: Any) -> TensorDictBase:  # type: ignore[override]
+        return super()._reset(td, **kw)
+
+    async def _step(self, td: TensorDictBase) -> TensorDictBase:  # type: ignore[override]
+        if self.total == self.hang_at and not Path(self.marker).exists():
+            Path(self.marker).write_text("hanging")
+            await anyio.sleep_forever()
+        return super()._step(td)
+
+
+LIMITS = (1, 2, 3, 5)  # four envs that end their episodes at different steps
+
+
+def walk_pool(backend: str, env_cls: type = WalkEnv, **kwargs: Any) -> AsyncEnvPool:
+    options: dict[str, Any] = {}
+    if backend == "process":
+        options = {"num_workers": 2, "start_method": "forkserver"}
+    per_env = kwargs.pop("per_env", {})
+    limit_all = kwargs.pop("limit_all", None)
+    fns = [
+        partial(env_cls, limit=limit_all or lim, **per_env.get(i, {}))
+        for i, lim in enumerate(LIMITS)
+    ]
+    return AsyncEnvPool(fns, backend=backend, backend_options=options, **kwargs)
+
+
+def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
+    keys = sorted(a.keys(True, True), key=str)
+    assert keys == sorted(b.keys(True, True), key=str)
+    assert a.batch_size == b.batch_size
+    for key in keys:
+        x, y = a.get(key), b.get(key)
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        assert torch.equal(x, y), key
+
+
+class Spy:
+    """Counts the stacked launches of a process pool, with their banks."""
+
+    def __init__(self, pool: AsyncEnvPool, monkeypatch: pytest.MonkeyPatch) -> None:
+        backend = pool._backend
+        self.banks: list[int] = []
+        launch = backend.launch_stacked
+
+        def spy(op: str, bank: int, step_timeout: float | None) -> Any:
+            self.banks.append(bank)
+            return launch(op, bank, step_timeout)
+
+        monkeypatch.setattr(backend, "launch_stacked", spy)
+
+
+async def until(condition: Any) -> None:
+    """Let the loop run until ``condition()`` holds (bounded by a deadline, not a guess)."""
+    with anyio.fail_after(20):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+# ---------------------------------------------------------------------- equality
+async def _smr_steps(backend: str, env_cls: type, n: int = 12) -> list[TensorDictBase]:
+    async with walk_pool(backend, env_cls) as pool:
+        await pool.set_seed(7)
+        torch.manual_seed(0)
+        td = await pool.reset()
+        seen = []
+        for _ in range(n):
+            out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+            seen += [out.clone(), td.clone()]
+        return seen
+
+
+@pytest.mark.parametrize("env_cls", [WalkEnv, AsyncWalkEnv], ids=["sync", "async"])
+async def test_stacked_step_and_maybe_reset_equals_the_coroutine_backend(env_cls, monkeypatch):
+    expected = await _smr_steps("coroutine", env_cls)
+    launches: list[int] = []
+    from aenv.pool._process import ProcessBackend
+
+    launch = ProcessBackend.launch_stacked
+
+    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
+        launches.append(bank)
+        return launch(self, op, bank, step_timeout)
+
+    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    got = await _smr_steps("process", env_cls)
+    assert launches == [0] * 12  # every step went through the blocks
+    for a, b in zip(expected, got, strict=True):
+        assert_same(a, b)
+    # partial resets inside a batch: at some step only some envs were done and reset
+    dones = [s["next", "done"].squeeze(-1) for s in expected[::2]]
+    assert any(d.any() and not d.all() for d in dones)
+    nexts = expected[1::2]
+    for step, nxt in zip(expected[::2], nexts):
+        done = step["next", "done"].squeeze(-1)
+        # a reset env restarts at 0; the others carry their step's observation on
+        assert (nxt["observation"][done, 0] == 0).all()
+        assert torch.equal(nxt["observation"][~done], step["next", "observation"][~done])
+        assert not nxt["done"].any()
+
+
+async def _rollouts(backend: str, spy: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+    async with walk_pool(backend, **kwargs) as pool:
+        if spy is not None:
+            spy.append(pool)
+        await pool.set_seed(3)
+        torch.manual_seed(1)
+        out = [await pool.rollout(9, break_when_any_done=False)]
+        out.append(await pool.rollout(1, break_when_any_done=False))
+        out.append(await pool.rollout(7))  # stops at the first done: whole-batch steps
+        td = await pool.reset()
+        out.append(
+            await pool.rollout(6, break_when_any_done=False, auto_reset=False, tensordict=td)
+        )
+        out.append(torch.rand(4))  # the random stream was drawn from exactly as often
+        return out
+
+
+async def test_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
+    expected = await _rollouts("coroutine")
+    from aenv.pool._process import ProcessBackend
+
+    banks: list[int] = []
+    launch = ProcessBackend.launch_stacked
+
+    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
+        banks.append(bank)
+        return launch(self, op, bank, step_timeout)
+
+    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    got = await _rollouts("process")
+    for a, b in zip(expected[:-1], got[:-1], strict=True):
+        assert_same(a, b)
+        assert a.names == b.names
+    assert torch.equal(expected[-1], got[-1])
+    # the 9 steps alternate banks, the single step uses bank 0; the others follow
+    assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+
+
+class CompositeWalkEnv(WalkEnv):
+    """A walk with its own ``step_and_maybe_reset``: it counts its calls, and the worker's
+    inline batch path must go through it rather than around it."""
+
+    calls = 0
+
+    async def step_and_maybe_reset(self, td: TensorDictBase) -> Any:  # type: ignore[override]
+        self.calls += 1
+        return await super().step_and_maybe_reset(td)
+
+
+async def test_stacked_batches_honour_a_custom_step_and_maybe_reset():
+    async with walk_pool("process", CompositeWalkEnv) as pool:
+        td = await pool.reset()
+        for _ in range(3):
+            _, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        assert await pool.get_attr("calls") == [3, 3, 3, 3]
+
+
+async def test_pickled_results_inside_a_stacked_rollout():
+    # env 2's fourth step carries an entry no slot holds: it comes back pickled, the
+    # others through the blocks, and the rollout goes on, stacked again afterwards
+    per_env = {2: {"extra_at": 4}}
+    expected = await _rollouts("coroutine", per_env=per_env)
+    got = await _rollouts("process", per_env=per_env)
+    for a, b in zip(expected[:-1], got[:-1], strict=True):
+        assert_same(a, b)
+    assert torch.equal(expected[-1], got[-1])
+
+
+# ---------------------------------------------------------------------- faults
+async def _failing_rollout(backend: str) -> tuple[PoolError, list[int], torch.Tensor]:
+    async with walk_pool(backend, per_env={1: {"fail_at": 5}}) as pool:
+        await pool.set_seed(0)
+        torch.manual_seed(2)
+        with pytest.raises(PoolError) as info:
+            await pool.rollout(12, break_when_any_done=False)
+        totals = await pool.get_attr("total")
+        return info.value, totals, torch.rand(4)
+
+
+async def test_env_error_in_an_overlapped_rollout_matches_the_coroutine_backend():
+    err_c, totals_c, rand_c = await _failing_rollout("coroutine")
+    err_p, totals_p, rand_p = await _failing_rollout("process")
+    assert sorted(err_p.errors) == sorted(err_c.errors) == [1]
+    e = err_p.errors[1]
+    assert isinstance(e, EnvStepError) and e.remote_type == "ValueError"
+    assert "walk failed at step 5" in str(e) and "raise ValueError" in e.remote_traceback
+    assert sorted(err_p.results) == [0, 2, 3]
+    for i in (0, 2, 3):
+        assert_same(err_c.results[i][0], err_p.results[i][0])
+    # no env took a step more than in the generic loop, and the action drawn ahead for the
+    # step that never came was given back to the random stream
+    assert totals_p == totals_c == [6, 5, 6, 6]
+    assert torch.equal(rand_p, rand_c)
+
+
+async def test_worker_crash_in_a_stacked_step_and_maybe_reset(tmp_path):
+    marker = tmp_path / "hang"
+    per_env = {1: {"hang_at": 2, "marker": str(marker)}}
+    async with walk_pool("process", per_env=per_env) as pool:
+        td = await pool.reset()
+        for _ in range(2):
+            _, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        victim = pool._backend._of_env[1].pid
+        task = asyncio.ensure_future(pool.step_and_maybe_reset(pool.rand_action(td)))
+        await until(marker.exists)  # env 1 blocks its worker in the middle of the batch
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(PoolError) as info:
+            await task
+        errors = info.value.errors
+        assert sorted(errors) == [0, 1]  # the crashed worker's envs
+        assert all(isinstance(e, WorkerCrashedError) for e in errors.values())
+        assert errors[1].signal == signal.SIGKILL
+        # the other worker's envs answered: their step and their resets came back
+        assert sorted(info.value.results) == [2, 3]
+        nxt, _ = info.value.results[2]
+        assert nxt["observation"][0].item() in (-1.0, 1.0, 3.0, -3.0)
+        # respawned: the lost envs need a reset; a rollout (which resets) works again
+        with pytest.raises(PoolError) as again:
+            await pool.step_and_maybe_reset(pool.rand_action(td))
+        assert sorted(again.value.errors) == [0, 1]
+        assert "needs a reset" in str(again.value.errors[0])
+        out = await pool.rollout(5, break_when_any_done=False)
+        assert out.batch_size == (4, 5)
+        assert victim not in pool.worker_pids
+
+
+async def test_worker_crash_in_an_overlapped_rollout(tmp_path):
+    marker = tmp_path / "hang"
+    per_env = {3: {"hang_at": 4, "marker": str(marker)}}
+    async with walk_pool("process", per_env=per_env) as pool:
+        victim = pool._backend._of_env[3].pid
+        task = asyncio.ensure_future(pool.rollout(10, break_when_any_done=False))
+        await until(marker.exists)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(PoolError) as info:
+            await task
+        assert sorted(info.value.errors) == [2, 3]
+        assert all(isinstance(e, WorkerCrashedError) for e in info.value.errors.values())
+        assert sorted(info.value.results) == [0, 1]
+        # the other worker's envs stepped exactly as far as the failed step
+        assert await pool.get_attr("total", env_indices=[0, 1]) == [5, 5]
+        # a rollout from a given input does not reset: the lost envs are refused, as in
+        # the generic loop (the stacked path steps aside)
+        td = TensorDict(
+            {
+                "observation": torch.zeros(4, 2),
+                "done": torch.zeros(4, 1, dtype=torch.bool),
+                "terminated": torch.zeros(4, 1, dtype=torch.bool),
+            },
+            [4],
+        )
+        with pytest.raises(PoolError) as lost:
+            await pool.rollout(3, break_when_any_done=False, auto_reset=False, tensordict=td)
+        assert sorted(lost.value.errors) == [2, 3]
+        out = await pool.rollout(4, break_when_any_done=False)
+        assert out.batch_size == (4, 4)
+
+
+async def test_step_timeout_in_an_overlapped_rollout(tmp_path):
+    per_env = {1: {"hang_at": 3, "marker": str(tmp_path / "hang")}}
+    async with walk_pool("process", AsyncWalkEnv, per_env=per_env, step_timeout=0.5) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.rollout(10, break_when_any_done=False)
+        assert sorted(info.value.errors) == [1]
+        assert isinstance(info.value.errors[1], StepTimeoutError)
+        # env 0 shares the hung env's worker: its result was streamed back in time
+        assert sorted(info.value.results) == [0, 2, 3]
+        # the worker cancelled the hung step and rebuilt env 1: after a reset, the pool
+        # works again, in the same worker
+        pids = pool.worker_pids
+        out = await pool.rollout(3, break_when_any_done=False)
+        assert pool.worker_pids == pids
+        assert out.batch_size == (4, 3)
+
+
+async def test_cancelled_overlapped_rollout_leaves_the_pool_usable(monkeypatch):
+    async with walk_pool("process", AsyncWalkEnv) as pool:
+        spy = Spy(pool, monkeypatch)
+        task = asyncio.ensure_future(pool.rollout(100_000, break_when_any_done=False))
+        await until(lambda: len(spy.banks) > 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert all(t is None for t in pool._tickets)
+        assert all(b is None for b in pool._backend._batch_of)
+        out = await pool.rollout(3, break_when_any_done=False)
+        assert out.batch_size == (4, 3)
+
+
+# ---------------------------------------------------------------------- building blocks
+def _metas(n: int, **kwargs: Any) -> dict[int, EnvMetaData]:
+    return {i: EnvMetaData.metadata_from_env(CountingEnv(**kwargs)) for i in range(n)}
+
+
+def _mapped(size: int) -> torch.Tensor:
+    fd = make_region(size)
+    try:
+        return map_region(fd, size)
+    finally:
+        os.close(fd)
+
+
+def test_stacked_blocks_need_consecutive_like_envs():
+    _, groups, size = plan_layout(_metas(4))
+    flat = _mapped(size)
+    (group,) = groups
+    blocks = map_blocks(flat, group)
+    assert StackedBlocks.plan([(blocks, 0, 4)]) is not None
+    assert StackedBlocks.plan([(blocks, 1, 5)]) is None  # not from env 0
+    assert StackedBlocks.plan([(blocks, 0, 3)]) is None  # rows and envs disagree
+    _, other_groups, other_size = plan_layout(_metas(4, batch_size=(2,)))
+    other = map_blocks(_mapped(other_size), other_groups[0])
+    assert StackedBlocks.plan([(blocks, 0, 4), (other, 4, 8)]) is None  # unlike envs
+    stacked = StackedBlocks.plan([(blocks, 0, 4), (map_blocks(flat, group), 4, 8)])
+    assert stacked is not None and stacked.n == 8
+    # inputs: the right leaves only, of the right dtype and shape, no "_step" mask
+    good = TensorDict({"action": torch.ones(8, 1, dtype=torch.int64)}, [8])
+    assert stacked.write_inputs(good)
+    assert not stacked.write_inputs(TensorDict({"action": torch.ones(8, 1)}, [8]))
+    assert not stacked.write_inputs(good.clone().set("_step", torch.ones(8, dtype=torch.bool)))
+    assert not stacked.write_inputs(TensorDict({}, [8]))
+
+
+async def test_worker_batches_use_the_bank_they_name():
+    envs = {0: CountingEnv(max_steps=9), 1: CountingEnv(max_steps=9)}
+    metas = {i: EnvMetaData.metadata_from_env(e) for i, e in envs.items()}
+    layouts, _, bank_size = plan_layout(metas)
+    flat = _mapped(BANKS * bank_size)
+    banks = [{i: map_slots(flat[b * bank_size :], layouts[i]) for i in envs} for b in range(BANKS)]
+
+    class Chan:
+        def __init__(self) -> None:
+            self.sent: list[tuple[Any, ...]] = []
+
+        def send(self, frame: list[tuple[Any, ...]]) -> None:
+            self.sent.extend(frame)
+
+    chan = Chan()
+    rt = _Runtime(chan, envs, {}, banks[0], banks)  # type: ignore[arg-type]
+    rt.loop = asyncio.get_running_loop()
+    for env in envs.values():
+        await env.reset()
+    for b in range(BANKS):
+        for i in envs:
+            banks[b][i]["in"].td["action"].fill_(1)  # type: ignore[index]
+    rt._handle_frames([[("batch", 1, "step", [(0, None), (1, None)], False, 1)]])
+    rt._handle_frames([[("batch", 2, "step", [(0, None), (1, None)], False)]])
+    assert [(m[0], m[1], [(i, c) for i, c, _ in m[2]]) for m in chan.sent] == [
+        ("b", 1, [(0, SLOT), (1, SLOT)]),
+        ("b", 2, [(0, SLOT), (1, SLOT)]),
+    ]
+    for i in envs:
+        assert banks[1][i]["next"].read()["observation"].item() == 1  # type: ignore[index]
+        assert banks[0][i]["next"].read()["observation"].item() == 2  # type: ignore[index]
+
+
+async def test_a_cancelled_step_keeps_its_input_until_the_worker_lets_go():
+    # Worker 0 is stopped, so the step it was sent has not read its envs' inputs when the
+    # step is cancelled and the next one is sent: that next step's inputs must not land in
+    # the slots the cancelled step is still to read (they go pickled until the worker
+    # acknowledges the cancel), or envs 0 and 1 would take the second action twice.
+    async with walk_pool("process", limit_all=100) as pool:
+        td = await pool.reset()
+        backend: Any = pool._backend
+        right, left = td.clone(), td.clone()
+        right["action"] = torch.tensor([[False, True]] * 4)
+        left["action"] = torch.tensor([[True, False]] * 4)
+        worker0 = pool.worker_pids[0]
+        os.kill(worker0, signal.SIGSTOP)
+        try:
+            first = asyncio.ensure_future(pool.step(right))
+            await until(lambda: backend._batch_of[0] is not None and backend._batch_of[3] is None)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            second = asyncio.ensure_future(pool.step(left))
+            await until(lambda: backend._batch_of[0] is not None)  # sent (worker 0 stopped)
+        finally:
+            os.kill(worker0, signal.SIGCONT)
+        out = await second
+        # envs 2 and 3 took both steps; envs 0 and 1 too, each with its own action
+        assert out["next", "observation"][:, 0].tolist() == [0.0, 0.0, 0.0, 0.0]
+        assert await pool.get_attr("pos") == [0.0, 0.0, 0.0, 0.0]
+        # the acknowledgements came back: the next step goes through the slots again
+        await until(lambda: not backend._fences)
+        out = await pool.step(right)
+        assert out["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0, 1.0]
