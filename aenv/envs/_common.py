@@ -115,6 +115,22 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     _reset_is_async: ClassVar[bool] = False
     _seed_is_async: ClassVar[bool] = False
 
+    def _step_writer(
+        self, leaves: dict[str, torch.Tensor]
+    ) -> Callable[[TensorDictBase], bool | TensorDictBase] | None:
+        """A function taking one step straight into ``leaves`` (the tensors a step's
+        ``"next"`` content is copied into, by root key: a process worker's result slot),
+        for envs that can skip building a TensorDict per step; None (the default): not here.
+
+        The function gets the step's input and returns the root ``"done"`` flag of the step
+        as a bool once every leaf holds the step's value, exactly what :meth:`step` would
+        have given (completed, checked where checks are on); or, when it could not write a
+        step's results, the unprocessed TensorDict ``_step`` would have returned (for the
+        caller to finish as usual). An env offering one keeps the :meth:`step` contract in
+        it: the same env state, the same values.
+        """
+        return None
+
     async def _rollout_whole(
         self,
         max_steps: int,

@@ -92,6 +92,15 @@ def _keeps_rollout_methods(cls: type) -> bool:
     )
 
 
+# methods a step writer (GymWrapper._step_writer) stands in for
+_WRITER_METHODS = ("_step", "_fast_step", "_fast_read_obs", "step", "_step_proc_data")
+
+
+@functools.cache
+def _keeps_writer_methods(cls: type) -> bool:
+    return all(getattr(cls, name) is getattr(GymWrapper, name) for name in _WRITER_METHODS)
+
+
 def _plain_array_spec(spec: TensorSpec) -> bool:
     """Whether the spec's values are the backend's arrays as they are (no index shift, no
     one-hot encoding, no nesting): then an array of the right dtype and shape is used as is."""
@@ -316,17 +325,78 @@ class GymWrapper(GymLikeEnv):
         obs, reward, terminated, truncated, info = self._env.step(
             self._action_writer(src["action"])
         )
+        td = self._fast_outputs(self._fast_read_obs(obs), reward, terminated, truncated)
+        if self._info_readers:
+            self._read_infos(info, td)
+        return td
+
+    def _step_writer(
+        self, leaves: dict[str, torch.Tensor]
+    ) -> Callable[[TensorDictBase], bool | TensorDictBase] | None:
+        """:meth:`_fast_step` writing into ``leaves`` (see :meth:`EnvBase._step_writer`):
+        the gymnasium outputs go into the leaves' numpy views, with no tensor or TensorDict
+        made per step. Offered on the fast path (one CPU env, one observation key, no info
+        readers, no type checks) when ``leaves`` are exactly the step's outputs as the specs
+        give them, and no subclass or instance replaces a method it stands in for."""
+        keys = ("observation", "reward", "terminated", "truncated", "done")
+        if (
+            not self._fast
+            or self._info_readers
+            or self.run_type_checks
+            or not _keeps_writer_methods(type(self))
+            or not self.__dict__.keys().isdisjoint(_WRITER_METHODS)
+            or sorted(leaves) != sorted(keys)
+        ):
+            return None
+        specs = self.full_observation_spec, self.full_reward_spec, self.full_done_spec
+        for key in keys:
+            spec = next(group[key] for group in specs if key in group.keys())
+            leaf = leaves[key]
+            if (
+                leaf.dtype != spec.dtype
+                or leaf.shape != spec.shape
+                or leaf.device.type != "cpu"
+                or (key != "observation" and leaf.shape != (1,))
+            ):
+                return None
+        obs_t = leaves["observation"]
+        obs_np, rew_np, term_np, trunc_np, done_np = (leaves[k].numpy() for k in keys)
+        read, np_dt, shape = self._fast_obs
+        step, write_action = self._env.step, self._action_writer
+        plain_obs = np_dt is not None
+
+        def write(tensordict: TensorDictBase) -> bool | TensorDictBase:
+            src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
+            obs, reward, terminated, truncated, _ = step(write_action(src["action"]))
+            if plain_obs and type(obs) is np.ndarray and obs.dtype == np_dt and obs.shape == shape:
+                np.copyto(obs_np, obs)
+            else:
+                value = read(obs)
+                if value.dtype != obs_t.dtype or value.shape != obs_t.shape:
+                    # not what the spec says: the caller handles it as _step's output
+                    return self._fast_outputs(value, reward, terminated, truncated)
+                obs_t.copy_(value)
+            done = bool(terminated or truncated)
+            rew_np[0] = reward
+            term_np[0] = terminated
+            trunc_np[0] = truncated
+            done_np[0] = done
+            return done
+
+        return write
+
+    def _fast_outputs(
+        self, obs: torch.Tensor, reward: Any, terminated: Any, truncated: Any
+    ) -> TensorDictBase:
+        """The step's TensorDict from the backend's outputs (the observation read)."""
         fields = {
-            "observation": self._fast_read_obs(obs),
+            "observation": obs,
             "reward": torch.from_numpy(np.array((reward,), dtype=self._reward_np)),
             "terminated": torch.from_numpy(np.array((terminated,), dtype=np.bool_)),
             "truncated": torch.from_numpy(np.array((truncated,), dtype=np.bool_)),
             "done": torch.from_numpy(np.array((terminated or truncated,), dtype=np.bool_)),
         }
-        td = TensorDict._new_unsafe(fields, self.batch_size, self._device, nested=False)  # type: ignore[arg-type]
-        if self._info_readers:
-            self._read_infos(info, td)
-        return td
+        return TensorDict._new_unsafe(fields, self.batch_size, self._device, nested=False)  # type: ignore[arg-type]
 
     def _fast_read_obs(self, obs: Any) -> torch.Tensor:
         """The observation tensor: the backend's array as it is when it already has the

@@ -18,7 +18,15 @@ from tensordict import TensorDictBase
 from aenv._mdp import getter
 from aenv.envs._common import EnvBase
 
-__all__ = ["OPS", "drive", "execute", "execute_inline", "runs_inline"]
+__all__ = [
+    "OPS",
+    "drive",
+    "execute",
+    "execute_inline",
+    "finish_inline",
+    "lean_inline",
+    "runs_inline",
+]
 
 OPS = ("step", "reset", "step_and_maybe_reset", "seed", "call", "getattr")
 
@@ -71,23 +79,36 @@ def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
     return False
 
 
-def execute_inline(env: EnvBase, op: str, payload: Any) -> Any:
-    """``drive(execute(env, op, payload))`` for an op that :func:`runs_inline`: the same
-    result; steps on the lean path (see :func:`_lean_step_ok`) are plain calls."""
+def lean_inline(env: EnvBase, op: str, payload: TensorDictBase) -> bool:
+    """Whether ``op`` (a step, or a step-and-maybe-reset the env does not customise) may
+    call the env's ``_step`` directly (see :func:`_lean_step_ok`)."""
     if op == "step":
-        if _lean_step_ok(env, payload):
-            return env._step_proc_data(env._step(payload), payload)
-    elif (
+        return _lean_step_ok(env, payload)
+    return (
         op == "step_and_maybe_reset"
         and type(env).step_and_maybe_reset is _SMR
         and _lean_step_ok(env, payload)
-    ):
-        nxt = env._step_proc_data(env._step(payload), payload)
-        if not _any_done(env, nxt):
-            return nxt, None
-        reset_input = env._step_mdp(payload.set("next", nxt))
-        env._any_done_write_reset(reset_input)
-        return nxt, drive(env.reset(reset_input))
+    )
+
+
+def finish_inline(env: EnvBase, op: str, payload: TensorDictBase, nxt: TensorDictBase) -> Any:
+    """The result of a lean step whose processed ``"next"`` content is ``nxt``: ``nxt`` for
+    a step; for a step-and-maybe-reset, ``(nxt, reset result or None)``, the env reset
+    (inline) when the step ended its episode."""
+    if op == "step":
+        return nxt
+    if not _any_done(env, nxt):
+        return nxt, None
+    reset_input = env._step_mdp(payload.set("next", nxt))
+    env._any_done_write_reset(reset_input)
+    return nxt, drive(env.reset(reset_input))
+
+
+def execute_inline(env: EnvBase, op: str, payload: Any) -> Any:
+    """``drive(execute(env, op, payload))`` for an op that :func:`runs_inline`: the same
+    result; steps on the lean path (see :func:`lean_inline`) are plain calls."""
+    if (op == "step" or op == "step_and_maybe_reset") and lean_inline(env, op, payload):
+        return finish_inline(env, op, payload, env._step_proc_data(env._step(payload), payload))
     return drive(execute(env, op, payload))
 
 
