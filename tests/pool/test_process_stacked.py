@@ -142,19 +142,19 @@ def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
         assert torch.equal(x, y), key
 
 
-class Spy:
-    """Counts the stacked launches of a process pool, with their banks."""
+def spy_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The banks of every stacked launch by any process pool from now on, in order."""
+    from aenv.pool._process import ProcessBackend
 
-    def __init__(self, pool: AsyncEnvPool, monkeypatch: pytest.MonkeyPatch) -> None:
-        backend = pool._backend
-        self.banks: list[int] = []
-        launch = backend.launch_stacked
+    banks: list[int] = []
+    launch = ProcessBackend.launch_stacked
 
-        def spy(op: str, bank: int, step_timeout: float | None) -> Any:
-            self.banks.append(bank)
-            return launch(op, bank, step_timeout)
+    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
+        banks.append(bank)
+        return launch(self, op, bank, step_timeout)
 
-        monkeypatch.setattr(backend, "launch_stacked", spy)
+    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    return banks
 
 
 async def until(condition: Any) -> None:
@@ -180,16 +180,7 @@ async def _smr_steps(backend: str, env_cls: type, n: int = 12) -> list[TensorDic
 @pytest.mark.parametrize("env_cls", [WalkEnv, AsyncWalkEnv], ids=["sync", "async"])
 async def test_stacked_step_and_maybe_reset_equals_the_coroutine_backend(env_cls, monkeypatch):
     expected = await _smr_steps("coroutine", env_cls)
-    launches: list[int] = []
-    from aenv.pool._process import ProcessBackend
-
-    launch = ProcessBackend.launch_stacked
-
-    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
-        launches.append(bank)
-        return launch(self, op, bank, step_timeout)
-
-    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    launches = spy_launches(monkeypatch)
     got = await _smr_steps("process", env_cls)
     assert launches == [0] * 12  # every step went through the blocks
     for a, b in zip(expected, got, strict=True):
@@ -225,16 +216,7 @@ async def _rollouts(backend: str, spy: list[Any] | None = None, **kwargs: Any) -
 
 async def test_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
     expected = await _rollouts("coroutine")
-    from aenv.pool._process import ProcessBackend
-
-    banks: list[int] = []
-    launch = ProcessBackend.launch_stacked
-
-    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
-        banks.append(bank)
-        return launch(self, op, bank, step_timeout)
-
-    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    banks = spy_launches(monkeypatch)
     got = await _rollouts("process")
     for a, b in zip(expected[:-1], got[:-1], strict=True):
         assert_same(a, b)
@@ -383,9 +365,9 @@ async def test_step_timeout_in_an_overlapped_rollout(tmp_path):
 
 async def test_cancelled_overlapped_rollout_leaves_the_pool_usable(monkeypatch):
     async with walk_pool("process", AsyncWalkEnv) as pool:
-        spy = Spy(pool, monkeypatch)
+        banks = spy_launches(monkeypatch)
         task = asyncio.ensure_future(pool.rollout(100_000, break_when_any_done=False))
-        await until(lambda: len(spy.banks) > 20)
+        await until(lambda: len(banks) > 20)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
