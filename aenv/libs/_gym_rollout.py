@@ -116,7 +116,7 @@ def layout(env: GymWrapper) -> _Layout | None:
 
 def plain_input(env: GymWrapper, td: TensorDictBase, lay: _Layout) -> bool:
     """Whether a given first tensordict holds just what a reset gives (and maybe an action)."""
-    if type(td) is not TensorDict or td.batch_size != lay.bs or td.device != lay.device:
+    if not _plain_td(td, lay):
         return False
     entries = td._tensordict
     keys = set(entries)
@@ -134,6 +134,11 @@ def _tensor_ok(value: Any, shape: torch.Size, dtype: torch.dtype) -> bool:
     )
 
 
+def _plain_td(td: Any, lay: _Layout) -> bool:
+    """Whether ``td`` is a plain TensorDict of the layout's batch size and device."""
+    return type(td) is TensorDict and td.batch_size == lay.bs and td.device == lay.device
+
+
 def _root_ok(entries: dict[str, Any], lay: _Layout) -> bool:
     return _tensor_ok(entries["observation"], lay.obs_t_shape, lay.obs_dtype) and all(
         _tensor_ok(entries[k], _FLAG_SHAPE, torch.bool) for k in _FLAGS
@@ -142,7 +147,7 @@ def _root_ok(entries: dict[str, Any], lay: _Layout) -> bool:
 
 def _stepped_ok(td: TensorDictBase, lay: _Layout) -> bool:
     """Whether a stepped tensordict (root and ``"next"``) is the plain one the buffers hold."""
-    if type(td) is not TensorDict or td.batch_size != lay.bs or td.device != lay.device:
+    if not _plain_td(td, lay):
         return False
     entries = td._tensordict
     if set(entries) != _STEPPED_KEYS or not _root_ok(entries, lay):
@@ -153,7 +158,7 @@ def _stepped_ok(td: TensorDictBase, lay: _Layout) -> bool:
     if action.dtype != lay.act_dtype:
         return False
     nxt = entries["next"]
-    if type(nxt) is not TensorDict or nxt.batch_size != lay.bs or nxt.device != lay.device:
+    if not _plain_td(nxt, lay):
         return False
     sub = nxt._tensordict
     return (
@@ -165,7 +170,7 @@ def _stepped_ok(td: TensorDictBase, lay: _Layout) -> bool:
 
 def _next_ok(td: TensorDictBase, lay: _Layout) -> bool:
     """Whether the input of the second step is a plain one with no done flag set."""
-    if type(td) is not TensorDict or td.batch_size != lay.bs or td.device != lay.device:
+    if not _plain_td(td, lay):
         return False
     entries = td._tensordict
     if set(entries) != _ROOT_KEYS or not _root_ok(entries, lay):

@@ -198,19 +198,21 @@ class Slot:
             srcs.append(value)
         return srcs
 
+    def _copy_in(self, entries: dict[str, Any]) -> bool:
+        """Copy a plain TensorDict's entries in, one per leaf, if all fit (else nothing)."""
+        srcs = self._sources(entries)
+        if srcs is None:
+            return False
+        _copy_all(self.dsts, srcs)
+        return True
+
     def write(self, td: TensorDictBase) -> bool:
         """Copy ``td`` into the slot if it has exactly the slot's keys, shapes and dtypes."""
         if td.batch_size != self.batch_size:
             return False
         if self.flat_keys and type(td) is TensorDict:
             entries = td._tensordict
-            if len(entries) != self.n:
-                return False
-            srcs = self._sources(entries)
-            if srcs is None:
-                return False
-            _copy_all(self.dsts, srcs)
-            return True
+            return len(entries) == self.n and self._copy_in(entries)
         by_key = self.by_key
         n = 0
         for key, value in td.items(True, True):
@@ -235,13 +237,7 @@ class Slot:
             return False
         if self.flat_keys and type(td) is TensorDict:
             entries = td._tensordict
-            if "_step" in entries:
-                return False
-            srcs = self._sources(entries)
-            if srcs is None:
-                return False
-            _copy_all(self.dsts, srcs)
-            return True
+            return "_step" not in entries and self._copy_in(entries)
         if "_step" in td.keys():
             return False
         pairs = []

@@ -8,7 +8,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 from functools import partial
 from typing import Any
 
@@ -16,52 +15,17 @@ import anyio
 import cloudpickle
 import pytest
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from _support.process import HANG_ASYNC, HANG_BLOCKING, NORMAL, ControlledEnv, Recorder, actions
+from tensordict import NonTensorData
 
 from aenv import EnvBase, EnvStepError, PoolError, StepTimeoutError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
 from aenv.pool._process_worker import PICKLED, SLOT, _Runtime
-from aenv.specs import Categorical, Composite, Unbounded
 from aenv.testing import CountingEnv, DynamicSpecEnv, FailingEnv, LatencyEnv, TextEnv
 
 pytestmark = pytest.mark.timeout(60)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FORKSERVER = {"start_method": "forkserver"}
-
-NORMAL, HANG_ASYNC, HANG_BLOCKING = range(3)
-
-
-class FaultEnv(EnvBase):
-    """Counts steps; action 1 hangs on the worker's loop, action 2 blocks the worker."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.observation_spec = Composite(observation=Unbounded((1,)))
-        self.action_spec = Categorical(3, shape=(1,))
-        self.reward_spec = Unbounded((1,))
-        self.count = 0
-
-    def _set_seed(self, seed: int | None) -> None:
-        pass
-
-    async def _reset(self, td: TensorDictBase | None, **kw: Any) -> TensorDictBase:
-        self.count = 0
-        return TensorDict({"observation": torch.zeros(1)}, [])
-
-    async def _step(self, td: TensorDictBase) -> TensorDictBase:
-        action = int(td["action"])
-        if action == HANG_ASYNC:
-            await anyio.sleep_forever()
-        if action == HANG_BLOCKING:
-            time.sleep(3600)
-        self.count += 1
-        return TensorDict(
-            {"observation": torch.full((1,), float(self.count)), "reward": torch.ones(1)}, []
-        )
-
-
-def actions(*values: int) -> TensorDict:
-    return TensorDict({"action": torch.tensor(values).reshape(-1, 1)}, [len(values)])
 
 
 class Traffic:
@@ -203,7 +167,7 @@ async def test_raising_env_in_a_batch_keeps_the_others():
 @pytest.mark.parametrize("hang", [HANG_ASYNC, HANG_BLOCKING], ids=["async", "blocking"])
 async def test_sigkill_during_a_batch_fails_its_envs(hang):
     async with ProcessorAsyncEnvPool(
-        (4, FaultEnv), num_workers=2, **FORKSERVER
+        (4, ControlledEnv), num_workers=2, **FORKSERVER
     ) as pool:  # no step_timeout: only the crash can end the batch
         await pool.reset()
         backend = pool._backend
@@ -230,7 +194,7 @@ async def test_sigkill_during_a_batch_fails_its_envs(hang):
 
 async def test_step_timeout_in_a_batch_keeps_finished_siblings(monkeypatch):
     async with ProcessorAsyncEnvPool(
-        (4, FaultEnv),
+        (4, ControlledEnv),
         num_workers=2,
         step_timeout=0.5,
         backend_options={"replace_timeout": 1.0, **FORKSERVER},
@@ -253,7 +217,7 @@ async def test_step_timeout_in_a_batch_keeps_finished_siblings(monkeypatch):
 
 
 async def test_cancelled_batch_stops_the_work_in_the_worker():
-    async with ProcessorAsyncEnvPool((4, FaultEnv), num_workers=2, **FORKSERVER) as pool:
+    async with ProcessorAsyncEnvPool((4, ControlledEnv), num_workers=2, **FORKSERVER) as pool:
         await pool.reset()
         pids = pool.worker_pids
         backend = pool._backend
@@ -296,17 +260,7 @@ async def test_non_tensor_and_dynamic_envs_go_pickled_in_batches(monkeypatch):
 
 
 # ---------------------------------------------------------------------- the worker side
-class _Recorder:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-        self.arrived = asyncio.Event()
-
-    def send(self, frame: list[tuple]) -> None:
-        self.sent.extend(frame)
-        self.arrived.set()
-
-
-def _runtime(chan: _Recorder) -> _Runtime:
+def _runtime(chan: Recorder) -> _Runtime:
     envs: dict[int, EnvBase] = {0: LatencyEnv(latency=0.05), 1: CountingEnv(max_steps=9)}
     return _Runtime(chan, envs, {}, {0: None, 1: None})  # type: ignore[arg-type]
 
@@ -319,7 +273,7 @@ async def _steps(rt: _Runtime) -> list[tuple[int, bytes]]:
 
 
 async def test_worker_batch_replies_once_without_a_cancelled_env():
-    chan = _Recorder()
+    chan = Recorder()
     rt = _runtime(chan)
     rt.loop = asyncio.get_running_loop()
     items = await _steps(rt)
@@ -336,7 +290,7 @@ async def test_worker_batch_replies_once_without_a_cancelled_env():
 
 async def test_worker_batch_waits_for_async_envs_unless_streaming():
     for stream in (False, True):
-        chan = _Recorder()
+        chan = Recorder()
         rt = _runtime(chan)
         rt.loop = asyncio.get_running_loop()
         items = await _steps(rt)

@@ -19,6 +19,7 @@ import anyio
 import cloudpickle
 import pytest
 import torch
+from _support.process import Recorder
 from tensordict import TensorDict, TensorDictBase
 
 from aenv import EnvBase, EnvStepError, PoolError, StepTimeoutError, WorkerCrashedError
@@ -418,14 +419,7 @@ async def test_worker_batches_use_the_bank_they_name():
     flat = _mapped(BANKS * bank_size)
     banks = [{i: map_slots(flat[b * bank_size :], layouts[i]) for i in envs} for b in range(BANKS)]
 
-    class Chan:
-        def __init__(self) -> None:
-            self.sent: list[tuple[Any, ...]] = []
-
-        def send(self, frame: list[tuple[Any, ...]]) -> None:
-            self.sent.extend(frame)
-
-    chan = Chan()
+    chan = Recorder()
     rt = _Runtime(chan, envs, {}, banks[0], banks)  # type: ignore[arg-type]
     rt.loop = asyncio.get_running_loop()
     for env in envs.values():

@@ -11,21 +11,13 @@ from __future__ import annotations
 import asyncio
 import pickle
 
+from _support.process import Recorder
+
 from aenv.pool._process_worker import FAILED, PICKLED, _Runtime
 from aenv.testing import LatencyEnv
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-        self.arrived = asyncio.Event()
-
-    def send(self, frame: list[tuple]) -> None:
-        self.sent.extend(frame)
-        self.arrived.set()
-
-
-async def _replies(chan: _Recorder, seq: int) -> tuple:
+async def _replies(chan: Recorder, seq: int) -> tuple:
     while True:
         for msg in chan.sent:
             if msg[0] == "r" and msg[2] == seq:
@@ -38,7 +30,7 @@ async def test_op_cancelled_before_it_started_does_not_block_the_next():
     env = LatencyEnv(latency=0.001)
     td = env.rand_action(await env.reset())
     data = pickle.dumps(td)
-    chan = _Recorder()
+    chan = Recorder()
     rt = _Runtime(chan, {0: env}, {0: lambda: LatencyEnv(latency=0.001)}, {0: None})  # type: ignore[arg-type]
     rt.loop = asyncio.get_running_loop()
     rt._handle_frames([[("op", 0, 1, "step", data), ("cancel", 0, 1), ("op", 0, 2, "step", data)]])
