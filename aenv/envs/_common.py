@@ -131,6 +131,22 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         """
         return None
 
+    def _reset_writer(
+        self, leaves: dict[str, torch.Tensor]
+    ) -> Callable[[], bool | TensorDictBase] | None:
+        """A function resetting the whole env straight into ``leaves`` (the tensors a
+        reset's content is copied into, by root key: a process worker's reset slot), the
+        partner of :meth:`_step_writer` for the reset of a step-and-maybe-reset whose step
+        ended every element's episode; None (the default): not here.
+
+        The function takes no argument and does what :meth:`reset` does when every
+        element is flagged by ``"_reset"`` and no keyword is given (the env's pending seed,
+        if any, is used), and returns True once every leaf holds the reset's value; or,
+        when it could not write them, the reset's TensorDict as :meth:`reset` would have
+        returned it (for the caller to carry as usual).
+        """
+        return None
+
     async def _rollout_whole(
         self,
         max_steps: int,

@@ -94,11 +94,27 @@ def _keeps_rollout_methods(cls: type) -> bool:
 
 # methods a step writer (GymWrapper._step_writer) stands in for
 _WRITER_METHODS = ("_step", "_fast_step", "_fast_read_obs", "step", "_step_proc_data")
+# ... and a reset writer (GymWrapper._reset_writer), which replaces the whole reset of a
+# step-and-maybe-reset: the reset input's making too
+_RESET_WRITER_METHODS = (
+    "_reset",
+    "_reset_output_transform",
+    "_fast_read_obs",
+    "reset",
+    "_reset_masks",
+    "_reset_proc_data",
+    "_check_done_after_reset",
+    "_check_batch",
+    "_check_open",
+    "_step_mdp",
+    "_any_done_write_reset",
+    "step_and_maybe_reset",
+)
 
 
 @functools.cache
-def _keeps_writer_methods(cls: type) -> bool:
-    return all(getattr(cls, name) is getattr(GymWrapper, name) for name in _WRITER_METHODS)
+def _keeps_methods(cls: type, names: tuple[str, ...]) -> bool:
+    return all(getattr(cls, name) is getattr(GymWrapper, name) for name in names)
 
 
 def _plain_array_spec(spec: TensorSpec) -> bool:
@@ -339,26 +355,8 @@ class GymWrapper(GymLikeEnv):
         readers, no type checks) when ``leaves`` are exactly the step's outputs as the specs
         give them, and no subclass or instance replaces a method it stands in for."""
         keys = ("observation", "reward", "terminated", "truncated", "done")
-        if (
-            not self._fast
-            or self._info_readers
-            or self.run_type_checks
-            or not _keeps_writer_methods(type(self))
-            or not self.__dict__.keys().isdisjoint(_WRITER_METHODS)
-            or sorted(leaves) != sorted(keys)
-        ):
+        if not self._writes_into(leaves, keys, _WRITER_METHODS):
             return None
-        specs = self.full_observation_spec, self.full_reward_spec, self.full_done_spec
-        for key in keys:
-            spec = next(group[key] for group in specs if key in group.keys())
-            leaf = leaves[key]
-            if (
-                leaf.dtype != spec.dtype
-                or leaf.shape != spec.shape
-                or leaf.device.type != "cpu"
-                or (key != "observation" and leaf.shape != (1,))
-            ):
-                return None
         obs_t = leaves["observation"]
         obs_np, rew_np, term_np, trunc_np, done_np = (leaves[k].numpy() for k in keys)
         read, np_dt, shape = self._fast_obs
@@ -384,6 +382,76 @@ class GymWrapper(GymLikeEnv):
             return done
 
         return write
+
+    def _reset_writer(
+        self, leaves: dict[str, torch.Tensor]
+    ) -> Callable[[], bool | TensorDictBase] | None:
+        """A whole reset writing into ``leaves`` (see :meth:`EnvBase._reset_writer`): the
+        backend's first observation goes into the observation leaf's numpy view and the
+        done flags are cleared, with no tensor or TensorDict made. Offered where
+        :meth:`_step_writer` is, when ``leaves`` are exactly a reset's outputs as the specs
+        give them (the observation and the done flags)."""
+        keys = ("observation", "terminated", "truncated", "done")
+        if not self._writes_into(leaves, keys, _RESET_WRITER_METHODS):
+            return None
+        obs_t = leaves["observation"]
+        obs_np, term_np, trunc_np, done_np = (leaves[k].numpy() for k in keys)
+        read, np_dt, shape = self._fast_obs
+        plain_obs = np_dt is not None
+
+        def write() -> bool | TensorDictBase:
+            self._check_open()
+            seed, self._pending_seed, self._stash = self._pending_seed, None, None
+            obs, _ = self._reset_output_transform(
+                self._env.reset() if seed is None else self._env.reset(seed=seed)
+            )
+            if plain_obs and type(obs) is np.ndarray and obs.dtype == np_dt and obs.shape == shape:
+                np.copyto(obs_np, obs)
+            else:
+                value = read(obs)
+                if value.dtype != obs_t.dtype or value.shape != obs_t.shape:
+                    # not what the spec says: the reset's TensorDict, as reset() gives it
+                    td = TensorDict._new_unsafe(
+                        {"observation": value},
+                        self.batch_size,
+                        self._device,  # type: ignore[arg-type]
+                        nested=False,
+                    )
+                    return self._reset_proc_data(None, td, None)
+                obs_t.copy_(value)
+            term_np[0] = trunc_np[0] = done_np[0] = False
+            return True
+
+        return write
+
+    def _writes_into(
+        self, leaves: dict[str, torch.Tensor], keys: tuple[str, ...], methods: tuple[str, ...]
+    ) -> bool:
+        """Whether a writer may fill ``leaves``: the per-step fast path (no info readers,
+        no type checks), none of ``methods`` replaced by a subclass or the instance, and
+        ``leaves`` exactly ``keys``, each a CPU tensor with its spec's dtype and shape (the
+        reward and flags one element)."""
+        if (
+            not self._fast
+            or self._info_readers
+            or self.run_type_checks
+            or not _keeps_methods(type(self), methods)
+            or not self.__dict__.keys().isdisjoint(methods)
+            or sorted(leaves) != sorted(keys)
+        ):
+            return False
+        specs = self.full_observation_spec, self.full_reward_spec, self.full_done_spec
+        for key in keys:
+            spec = next(group[key] for group in specs if key in group.keys())
+            leaf = leaves[key]
+            if (
+                leaf.dtype != spec.dtype
+                or leaf.shape != spec.shape
+                or leaf.device.type != "cpu"
+                or (key != "observation" and leaf.shape != (1,))
+            ):
+                return False
+        return True
 
     def _fast_outputs(
         self, obs: torch.Tensor, reward: Any, terminated: Any, truncated: Any

@@ -211,7 +211,7 @@ class _Runtime:
         self.retired: set[asyncio.Task[Any]] = set()
         #: env -> cancels to acknowledge when its running task is over
         self.cancel_acks: dict[int, int] = {}
-        #: per bank: env -> its step writer into the bank's "next" slot, or None (see
+        #: per bank: env -> its step and reset writers into the bank's slots, or None (see
         #: EnvBase._step_writer); made on the env's first batch step, dropped on a rebuild
         self.writers: list[dict[int, Any]] = [{} for _ in self.banks]
         self.out: list[tuple[Any, ...]] = []
@@ -335,31 +335,48 @@ class _Runtime:
                 self._flush()
             write = writers.get(i, _UNSET)
             if write is _UNSET:
-                write = writers[i] = self._writer(env, slots)
+                write = writers[i] = self._writers(env, slots)
             try:
                 if write is None or not lean_inline(env, op, slots["in"].td):
                     result = execute_inline(env, op, slots["in"].view())
                 else:
-                    out = write(slots["in"].td)
+                    out = write[0](slots["in"].td)
                     if out is False or (out is True and op == "step"):
                         # every result is in the slot already
                         self._done(i, seq, batch, SLOT, None if op == "step" else False)
                         continue
-                    payload = slots["in"].view()
-                    nxt = slots["next"].read() if out is True else env._step_proc_data(out, payload)
-                    result = finish_inline(env, op, payload, nxt)
+                    if out is True and write[1] is not None:
+                        # the episode ended: the reset goes into its slot too
+                        rst = write[1]()
+                        if rst is True:
+                            self._done(i, seq, batch, SLOT, True)
+                            continue
+                        result = (slots["next"].read(), rst)
+                    else:
+                        payload = slots["in"].view()
+                        nxt = (
+                            slots["next"].read()
+                            if out is True
+                            else env._step_proc_data(out, payload)
+                        )
+                        result = finish_inline(env, op, payload, nxt)
             except Exception as exc:
                 self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:
                 self._result(i, seq, op, batch, result)
 
     @staticmethod
-    def _writer(env: EnvBase, slots: dict[str, Slot]) -> Any:
-        """The env's step writer into ``slots``' result slot (None when it has none, or
-        the input slot carries a ``"_step"`` mask)."""
+    def _writers(env: EnvBase, slots: dict[str, Slot]) -> tuple[Any, Any] | None:
+        """The env's step writer into ``slots``' result slot and its reset writer into the
+        reset slot (or None), see :meth:`EnvBase._step_writer`; None when it has no step
+        writer, or the input slot carries a ``"_step"`` mask."""
         if "_step" in slots["in"].by_key:
             return None
-        return env._step_writer(dict(slots["next"].by_key))
+        step = env._step_writer(dict(slots["next"].by_key))
+        if step is None:
+            return None
+        reset = slots.get("reset")
+        return step, None if reset is None else env._reset_writer(dict(reset.by_key))
 
     def _forget(self, i: int) -> None:
         """Env ``i``'s current operation (and any queued) is given up: no outcome goes

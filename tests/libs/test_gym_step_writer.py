@@ -1,9 +1,11 @@
-"""GymWrapper's step writer: a process worker's step of a GymEnv written straight into the
-env's shared-memory result slot (``EnvBase._step_writer``).
+"""GymWrapper's step and reset writers: a process worker's step of a GymEnv, and the reset
+after an episode's end, written straight into the env's shared-memory slots
+(``EnvBase._step_writer``, ``EnvBase._reset_writer``).
 
-Each step written must hold exactly what ``env.step`` gives (values, dtypes, shapes, the env
-state it leaves), the writer must step aside whenever the per-step fast path would, and a
-process pool of GymEnvs must give the coroutine pool's rollouts, resets inside included.
+Each step written must hold exactly what ``env.step`` gives, each reset what ``env.reset``
+gives for a done env (values, dtypes, shapes, the env state it leaves, a pending seed used
+once), the writers must step aside whenever the per-step fast path would, and a process pool
+of GymEnvs must give the coroutine pool's rollouts, resets inside included.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 KEYS = ("observation", "reward", "terminated", "truncated", "done")
+RESET_KEYS = ("observation", "terminated", "truncated", "done")
 ENVS = [
     ("CartPole-v1", {}),
     ("CartPole-v1", {"categorical_action_encoding": True}),
@@ -33,12 +36,18 @@ ENVS = [
 ]
 
 
-def leaves_for(env: GymEnv) -> dict[str, torch.Tensor]:
-    """Zeroed tensors shaped as a result slot's leaves for ``env``."""
+def leaves_for(env: GymEnv, reset: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors shaped as a result slot's leaves for ``env`` (a reset slot's with ``reset``),
+    zeroed, the flags True (a writer must clear them)."""
     out = {}
-    for group in (env.full_observation_spec, env.full_reward_spec, env.full_done_spec):
+    groups = [env.full_observation_spec, env.full_done_spec]
+    if not reset:
+        groups.insert(1, env.full_reward_spec)
+    for group in groups:
         for key in group.keys():
             out[key] = group[key].zero()
+            if out[key].dtype == torch.bool:
+                out[key].fill_(True)
     return out
 
 
@@ -108,6 +117,95 @@ async def test_an_observation_off_its_spec_comes_back_as_a_tensordict():
     assert isinstance(out, TensorDictBase)
     assert torch.equal(out["observation"], torch.zeros(2))
     assert set(out.keys()) == set(KEYS)
+
+
+async def _reset_as_a_pool_would(env: GymEnv, stepped: TensorDictBase) -> TensorDictBase:
+    """The generic reset of a step-and-maybe-reset whose step ended the episode (the
+    whole env flagged in ``"_reset"`` when it did not end)."""
+    reset_input = env._step_mdp(stepped)
+    if not env._any_done_write_reset(reset_input):
+        reset_input.set("_reset", torch.ones_like(reset_input["done"]))
+    return await env.reset(reset_input)
+
+
+@pytest.mark.parametrize(("env_id", "kwargs"), ENVS, ids=[f"{e}{k}" for e, k in ENVS])
+async def test_written_resets_equal_env_resets(env_id, kwargs):
+    written, stepped = GymEnv(env_id, **kwargs), GymEnv(env_id, **kwargs)
+    leaves = leaves_for(written, reset=True)
+    write_step = written._step_writer(leaves_for(written))
+    write_reset = written._reset_writer(leaves)
+    assert write_step is not None and write_reset is not None
+    torch.manual_seed(0)
+    td = await written.reset(seed=3)
+    await stepped.reset(seed=3)
+    resets = 0
+    for t in range(400):
+        action = written.rand_action(td.clone())
+        expected = await stepped.step(action.clone())
+        if not write_step(action) and t % 50 != 49:
+            continue
+        # an episode's end (or, every 50 steps, a reset the step did not call for): the
+        # written reset against the generic one, a pending seed taken every other time
+        if resets % 2:
+            await written.set_seed(resets)
+            await stepped.set_seed(resets)
+        for value in leaves.values():
+            value.zero_() if value.dtype != torch.bool else value.fill_(True)
+        assert write_reset() is True
+        want = await _reset_as_a_pool_would(stepped, expected.clone())
+        assert sorted(want.keys()) == sorted(RESET_KEYS)
+        for key in RESET_KEYS:
+            got, ref = leaves[key], want[key]
+            assert got.dtype == ref.dtype and got.shape == ref.shape, key
+            assert torch.equal(got, ref), key
+        resets += 1
+    assert resets >= 8
+    # the pending seeds were used once: the next unseeded resets still agree
+    assert write_reset() is True
+    want = await stepped.reset()
+    assert torch.equal(leaves["observation"], want["observation"])
+
+
+async def test_the_reset_writer_steps_aside_where_it_should():
+    env = GymEnv("CartPole-v1")
+    leaves = leaves_for(env, reset=True)
+    assert env._reset_writer(leaves) is not None
+    assert env._reset_writer({**leaves, "reward": torch.zeros(1)}) is None
+    assert env._reset_writer({k: v for k, v in leaves.items() if k != "done"}) is None
+    assert env._reset_writer({**leaves, "observation": torch.zeros(4, 1)}) is None
+    env.run_type_checks = True
+    assert env._reset_writer(leaves) is None
+    env.run_type_checks = False
+
+    class Subclass(GymEnv):
+        def _reset(self, tensordict: Any, **kwargs: Any) -> TensorDictBase:
+            return super()._reset(tensordict, **kwargs)
+
+    assert Subclass("CartPole-v1")._reset_writer(leaves) is None
+    other = GymEnv("CartPole-v1")
+    other._step_mdp = other._step_mdp  # type: ignore[method-assign]
+    assert other._reset_writer(leaves) is None
+    # a closed env refuses, as reset() does, before touching the backend
+    write = env._reset_writer(leaves)
+    assert write is not None
+    await env.aclose()
+    with pytest.raises(Exception, match="closed"):
+        write()
+
+
+async def test_a_reset_observation_off_its_spec_comes_back_as_a_tensordict():
+    env = GymEnv("CartPole-v1")
+    leaves = leaves_for(env, reset=True)
+    shape = env._fast_obs[2]
+    env._fast_obs = (lambda obs: torch.zeros(2), None, shape)
+    write = env._reset_writer(leaves)
+    assert write is not None
+    out = write()
+    assert isinstance(out, TensorDictBase)
+    assert torch.equal(out["observation"], torch.zeros(2))
+    assert set(out.keys()) == set(RESET_KEYS)
+    assert not any(out[k].any() for k in RESET_KEYS[1:])
+    assert leaves["done"].all()  # nothing half-written
 
 
 async def _pool_rollouts(backend: str) -> list[TensorDictBase]:
