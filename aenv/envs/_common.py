@@ -482,6 +482,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         self._drop_reset_keys(out)
         if masks is not None and tensordict is not None:
             for prefix, mask in masks.items():
+                if any_true(mask) if mask.numel() == 1 else bool(mask.all()):
+                    continue  # every element was reset: nothing of the input to keep
                 if prefix:
                     sub_new = out.get(prefix, None)
                     if sub_new is not None:
@@ -508,8 +510,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             if sub is None:
                 continue
             done = sub.get("done", None)
-            if done is None:
-                continue
+            if done is None or not any_true(done):
+                continue  # (no element done: none done after its reset)
             flag = reduce_mask(done, done.shape)
             mask = None
             if masks is not None:
