@@ -79,6 +79,9 @@ The contract, in full:
     started), ``async wait_stacked(call)`` waits for it (None when the results are all in
     the bank, else per-env outcomes), ``read_stacked(call)`` reads them (before the bank is
     launched again), ``abandon_stacked(call)`` gives up a call nobody will wait for.
+    ``chain_stacked(after, op, bank, step_timeout)`` is ``launch_stacked`` done by the
+    backend itself the moment the call ``after`` has come back whole (``call.sent`` then
+    says whether it was), so the next step does not wait for the caller to resume.
     ``overlaps_steps`` says the envs live in other processes (nothing the pool's process
     does can change what they do) and ``stacks_all`` that this pool's envs can be staged.
 """
@@ -287,6 +290,11 @@ class Backend(abc.ABC):
     def launch_stacked(self, op: str, bank: int, step_timeout: float | None) -> Any:
         """Start ``op`` on every env from ``bank``'s inputs; see the module docstring."""
         return None
+
+    def chain_stacked(self, after: Any, op: str, bank: int, step_timeout: float | None) -> Any:
+        """``launch_stacked`` once the call ``after`` came back whole; see the module
+        docstring."""
+        raise NotImplementedError
 
     async def wait_stacked(self, call: Any) -> list[Any] | None:
         """Wait for a launched call; see the module docstring."""

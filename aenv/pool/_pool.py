@@ -389,6 +389,9 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         t, bank, staged = 0, 0, False
         await self._hold_all()
         call: Any = None
+        # step t + 1, chained to step t: the backend sends it as soon as step t has gone
+        # well, before this task resumes
+        chained: Any = None
         # the torch random state from before the action drawn ahead of its step: put back
         # when the rollout ends before the generic loop would have drawn that action
         rng: torch.Tensor | None = None
@@ -408,8 +411,15 @@ class AsyncEnvPool(StreamMixin, EnvBase):
                         nested=False,
                     )
                     staged = backend.stage_stacked(inputs, 1 - bank)
+                    if staged:
+                        chained = backend.chain_stacked(call, op, 1 - bank, self.step_timeout)
                 outcomes = await backend.wait_stacked(call)
                 done, call = call, None
+                if chained is not None:
+                    if chained.sent:  # (only when step t went well)
+                        call, bank = chained, 1 - bank
+                        staged = False
+                    chained = None
                 if outcomes is not None:  # some env failed, or answered pickled
                     self._raise_failures(op, self._all, self._pool_failures(op, outcomes))
                 if action is not None:
@@ -433,6 +443,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         finally:
             if call is not None:
                 backend.abandon_stacked(call)
+            if chained is not None:
+                backend.abandon_stacked(chained)
             if rng is not None:
                 torch.set_rng_state(rng)
             self._release_all()

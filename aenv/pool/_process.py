@@ -86,7 +86,19 @@ class _Batch:
     ``launch_stacked``: its outcomes are the workers' undecoded ``(env, code, data)``
     entries, the results staying in the blocks until all are in, or failures)."""
 
-    __slots__ = ("bank", "future", "indices", "left", "op", "outcomes", "raw", "timer")
+    __slots__ = (
+        "after",
+        "bank",
+        "future",
+        "indices",
+        "left",
+        "op",
+        "outcomes",
+        "raw",
+        "sent",
+        "then",
+        "timer",
+    )
 
     def __init__(
         self, op: str, indices: Sequence[int], future: asyncio.Future[None], raw: bool = False
@@ -99,12 +111,21 @@ class _Batch:
         self.raw = raw
         self.timer: asyncio.TimerHandle | None = None
         self.bank = 0
+        #: stacked calls: whether the commands went out; the call this one is chained to
+        #: (sent when that one ends well), and the call chained to this one, as the
+        #: function that sends it
+        self.sent = False
+        self.after: _Batch | None = None
+        self.then: Callable[[], None] | None = None
 
     def store(self, pos: int, outcome: Any) -> None:
         self.outcomes[pos] = outcome
         self.left -= 1
         if not self.left and not self.future.done():
-            self.future.set_result(None)
+            self.future.set_result(None)  # (its waiter resumes later in this loop turn)
+            then, self.then = self.then, None
+            if then is not None:
+                then()
 
 
 class ProcessBackend(ClosingMixin, Backend):
@@ -618,11 +639,44 @@ class ProcessBackend(ClosingMixin, Backend):
         :meth:`wait_stacked`, or None (nothing sent) when some env would be refused."""
         if op not in _SLOT_OPS or self._stacked is None or self._refusing():
             return None
+        batch = self._stacked_call(op, bank)
+        self._send_stacked(batch, step_timeout)
+        return batch
+
+    def chain_stacked(self, after: Any, op: str, bank: int, step_timeout: float | None) -> Any:
+        """:meth:`launch_stacked`, sent the moment every env of the call ``after`` has
+        answered (from the reply handler, before the caller waiting on ``after`` resumes),
+        if all its results are in the blocks (none failed or came pickled) and the backend
+        would still take the call; else never. Returns the call: once ``after`` was waited
+        for, ``call.sent`` says whether it went out (then wait for it, or give it up with
+        :meth:`abandon_stacked`)."""
+        if op not in _SLOT_OPS or self._stacked is None or after.then is not None:
+            raise ValueError("chain_stacked: not a stacked step, or the call is chained already")
+        batch = self._stacked_call(op, bank)
+        batch.after = after
+        after.then = functools.partial(self._send_chained, after, batch, step_timeout)
+        return batch
+
+    def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
+        for outcome in after.outcomes:
+            if type(outcome) is not tuple or outcome[1] != SLOT:
+                return
+        if self._closing or self._fences or self._refusing():
+            return
+        with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
+            self._send_stacked(batch, step_timeout)
+
+    def _stacked_call(self, op: str, bank: int) -> _Batch:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        batch = _Batch(op, range(self._stacked[bank].n), loop.create_future(), raw=True)
+        batch = _Batch(op, range(self._stacked[bank].n), loop.create_future(), raw=True)  # type: ignore[index]
         batch.bank = bank
+        return batch
+
+    def _send_stacked(self, batch: _Batch, step_timeout: float | None) -> None:
+        """Send a stacked call's commands: one ``("batch", ...)`` per worker."""
+        op, bank = batch.op, batch.bank
         timed = step_timeout is not None
         seq = next(self._seq)
         inflight, batch_of = self._inflight, self._batch_of
@@ -640,13 +694,20 @@ class ProcessBackend(ClosingMixin, Backend):
         except BaseException:
             self._abandon(batch)
             raise
-        if timed and batch.left:
-            batch.timer = loop.call_later(step_timeout, self._expire_batch, batch, step_timeout)  # type: ignore[arg-type]
-        return batch
+        batch.sent = True
+        if step_timeout is not None and batch.left:
+            batch.timer = batch.future.get_loop().call_later(
+                step_timeout, self._expire_batch, batch, step_timeout
+            )
 
     def abandon_stacked(self, call: Any) -> None:
-        """Give up a launched call that nobody will finish: its envs' work is cancelled
-        where it can be and their outcomes dropped."""
+        """Give up a launched (or chained) call that nobody will finish: its envs' work is
+        cancelled where it can be and their outcomes dropped; a chained call not sent yet
+        never will be."""
+        after = call.after
+        if after is not None and after.then is not None:
+            after.then = None
+        call.then = None
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None

@@ -143,18 +143,29 @@ def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
         assert torch.equal(x, y), key
 
 
-def spy_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The banks of every stacked launch by any process pool from now on, in order."""
+class Launches(list[int]):
+    """The banks of the stacked calls sent, in order; ``chained``: the positions of those
+    sent by the backend itself, chained to the call before (:meth:`chain_stacked`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chained: list[int] = []
+
+
+def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
+    """Every stacked call sent by any process pool from now on (see :class:`Launches`)."""
     from aenv.pool._process import ProcessBackend
 
-    banks: list[int] = []
-    launch = ProcessBackend.launch_stacked
+    banks = Launches()
+    send = ProcessBackend._send_stacked
 
-    def spy(self: Any, op: str, bank: int, step_timeout: float | None) -> Any:
-        banks.append(bank)
-        return launch(self, op, bank, step_timeout)
+    def spy(self: Any, batch: Any, step_timeout: float | None) -> Any:
+        if batch.after is not None:
+            banks.chained.append(len(banks))
+        banks.append(batch.bank)
+        return send(self, batch, step_timeout)
 
-    monkeypatch.setattr(ProcessBackend, "launch_stacked", spy)
+    monkeypatch.setattr(ProcessBackend, "_send_stacked", spy)
     return banks
 
 
@@ -225,6 +236,9 @@ async def test_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
     assert torch.equal(expected[-1], got[-1])
     # the 9 steps alternate banks, the single step uses bank 0; the others follow
     assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+    # each of the 9 steps after the first was sent by the backend as the step before it
+    # came back whole, before the rollout resumed
+    assert banks.chained[:8] == list(range(1, 9))
 
 
 class CompositeWalkEnv(WalkEnv):
@@ -374,6 +388,35 @@ async def test_cancelled_overlapped_rollout_leaves_the_pool_usable(monkeypatch):
             await task
         assert all(t is None for t in pool._tickets)
         assert all(b is None for b in pool._backend._batch_of)
+        out = await pool.rollout(3, break_when_any_done=False)
+        assert out.batch_size == (4, 3)
+
+
+async def test_a_rollout_cancelled_as_its_next_step_goes_out_gives_that_step_up(monkeypatch):
+    # the rollout is cancelled right as the backend sends the next step for it (the step
+    # before came back whole, the rollout has not resumed yet): that step is given up with
+    # the rollout, nothing stays in flight
+    from aenv.pool._process import ProcessBackend
+
+    async with walk_pool("process") as pool:
+        backend: Any = pool._backend
+        send_chained = ProcessBackend._send_chained
+        sent: list[Any] = []
+
+        def spy(self: Any, after: Any, batch: Any, step_timeout: float | None) -> None:
+            send_chained(self, after, batch, step_timeout)
+            sent.append(batch)
+            if len(sent) == 5:
+                task.cancel()
+
+        monkeypatch.setattr(ProcessBackend, "_send_chained", spy)
+        task = asyncio.ensure_future(pool.rollout(100, break_when_any_done=False))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(sent) == 5 and sent[-1].sent
+        assert all(b is None for b in backend._batch_of)
+        assert all(t is None for t in pool._tickets)
+        await until(lambda: not backend._fences)
         out = await pool.rollout(3, break_when_any_done=False)
         assert out.batch_size == (4, 3)
 
