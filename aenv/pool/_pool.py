@@ -418,14 +418,13 @@ class AsyncEnvPool(StreamMixin, EnvBase):
                 if chained is not None:
                     if chained.sent:  # (only when step t went well)
                         call, bank = chained, 1 - bank
-                        staged = False
                     chained = None
                 if outcomes is not None:  # some env failed, or answered pickled
                     self._raise_failures(op, self._all, self._pool_failures(op, outcomes))
                 if action is not None:
                     # step t went well: step t + 1 starts before step t is recorded
                     self._check_open()
-                    if staged:
+                    if staged and call is None:  # (not sent chained)
                         bank = 1 - bank
                         call = backend.launch_stacked(op, bank, self.step_timeout)
                 if outcomes is None:

@@ -118,6 +118,13 @@ class _Batch:
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
 
+    def in_blocks(self) -> bool:
+        """Whether every env answered with its results in the blocks (a stacked call)."""
+        for outcome in self.outcomes:
+            if type(outcome) is not tuple or outcome[1] != SLOT:
+                return False
+        return True
+
     def store(self, pos: int, outcome: Any) -> None:
         self.outcomes[pos] = outcome
         self.left -= 1
@@ -658,10 +665,7 @@ class ProcessBackend(ClosingMixin, Backend):
         return batch
 
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
-        for outcome in after.outcomes:
-            if type(outcome) is not tuple or outcome[1] != SLOT:
-                return
-        if self._closing or self._fences or self._refusing():
+        if not after.in_blocks() or self._closing or self._fences or self._refusing():
             return
         with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
             self._send_stacked(batch, step_timeout)
@@ -720,10 +724,7 @@ class ProcessBackend(ClosingMixin, Backend):
         answered pickled)."""
         batch: _Batch = call
         await self._wait_batch(batch, None)
-        for o in batch.outcomes:
-            if type(o) is not tuple or o[1] != SLOT:
-                break
-        else:
+        if batch.in_blocks():
             return None
         op, bank = batch.op, batch.bank
         return [
