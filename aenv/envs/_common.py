@@ -115,37 +115,50 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     _reset_is_async: ClassVar[bool] = False
     _seed_is_async: ClassVar[bool] = False
 
-    def _step_writer(
-        self, leaves: dict[str, torch.Tensor]
-    ) -> Callable[[TensorDictBase], bool | TensorDictBase] | None:
-        """A function taking one step straight into ``leaves`` (the tensors a step's
-        ``"next"`` content is copied into, by root key: a process worker's result slot),
-        for envs that can skip building a TensorDict per step; None (the default): not here.
+    async def _step_into(
+        self, tensordict: TensorDictBase, out: TensorDictBase | None
+    ) -> bool | TensorDictBase:
+        """The env's step, from the checked input ``tensordict`` into the row ``out``.
 
-        The function gets the step's input and returns the root ``"done"`` flag of the step
-        as a bool once every leaf holds the step's value, exactly what :meth:`step` would
-        have given (completed, checked where checks are on); or, when it could not write a
-        step's results, the unprocessed TensorDict ``_step`` would have returned (for the
-        caller to finish as usual). An env offering one keeps the :meth:`step` contract in
-        it: the same env state, the same values.
+        ``out`` is a preallocated TensorDict holding a step's ``"next"`` content as the
+        specs plan it (a process worker's result slot), or None (no row: the caller takes a
+        TensorDict). Returns the root ``"done"`` flag as a bool once every leaf of ``out``
+        holds the step's value, completed as :meth:`step` gives it; or the step's completed
+        ``"next"`` TensorDict when nothing was written (no row, or a row the env cannot
+        fill), for the caller to copy or ship.
+
+        The default runs ``_step`` (inline, awaited, or in a thread for a blocking env) and
+        completes its result (:meth:`_step_proc_data`); it never writes. An env that can
+        write its outputs straight into a row overrides it (and its partner
+        :meth:`_reset_into`); a subclass that replaces ``_step`` (or ``_reset``) below such
+        an override gets the default back (see ``__init_subclass__``), so the override never
+        stands in for code it does not run.
         """
-        return None
+        if self._step_is_async:
+            next_td = await self._step(tensordict)
+        elif self.blocking:
+            next_td = await anyio.to_thread.run_sync(self._step, tensordict)
+        else:
+            next_td = self._step(tensordict)
+        return self._step_proc_data(next_td, tensordict)
 
-    def _reset_writer(
-        self, leaves: dict[str, torch.Tensor]
-    ) -> Callable[[], bool | TensorDictBase] | None:
-        """A function resetting the whole env straight into ``leaves`` (the tensors a
-        reset's content is copied into, by root key: a process worker's reset slot), the
-        partner of :meth:`_step_writer` for the reset of a step-and-maybe-reset whose step
-        ended every element's episode; None (the default): not here.
+    async def _reset_into(
+        self, stepped: TensorDictBase, out: TensorDictBase | None
+    ) -> bool | TensorDictBase:
+        """After the step ``stepped`` (an input with its ``"next"``): the next step's input,
+        with the elements that step ended reset, into the row ``out`` (a process worker's
+        reset slot: a reset's outputs as the specs plan them) or None.
 
-        The function takes no argument and does what :meth:`reset` does when every
-        element is flagged by ``"_reset"`` and no keyword is given (the env's pending seed,
-        if any, is used), and returns True once every leaf holds the reset's value; or,
-        when it could not write them, the reset's TensorDict as :meth:`reset` would have
-        returned it (for the caller to carry as usual).
+        Returns True once ``out`` holds it, or the TensorDict when nothing was written. The
+        default is ``step_mdp`` of ``stepped``, ``"_reset"`` flags where done, then
+        :meth:`reset` when any is set: the "maybe reset" of :meth:`step_and_maybe_reset`.
         """
-        return None
+        if self._closed:
+            self._check_open()
+        next_input = self._step_mdp(stepped)
+        if self._any_done_write_reset(next_input):
+            return await self.reset(next_input)
+        return next_input
 
     async def _rollout_whole(
         self,
@@ -168,6 +181,14 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # The one rule for direct writers: a class replacing _step or _reset below a class
+        # whose _step_into / _reset_into write straight into rows (standing in for the
+        # _step / _reset they knew) gets the defaults back, which call its own.
+        if ("_step" in cls.__dict__ or "_reset" in cls.__dict__) and not (
+            "_step_into" in cls.__dict__ or "_reset_into" in cls.__dict__
+        ):
+            cls._step_into = EnvBase._step_into  # type: ignore[method-assign]
+            cls._reset_into = EnvBase._reset_into  # type: ignore[method-assign]
         cls._step_is_async = inspect.iscoroutinefunction(cls._step)
         cls._reset_is_async = inspect.iscoroutinefunction(cls._reset)
         cls._seed_is_async = inspect.iscoroutinefunction(cls._set_seed)
@@ -335,13 +356,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                     return tensordict
         if check_actions:
             self._check_actions(tensordict)
-        if self._step_is_async:
-            next_td = await self._step(tensordict)
-        elif self.blocking:
-            next_td = await anyio.to_thread.run_sync(self._step, tensordict)
-        else:
-            next_td = self._step(tensordict)
-        tensordict.set("next", self._step_proc_data(next_td, tensordict))
+        result = await self._step_into(tensordict, None)
+        assert not isinstance(result, bool)  # no row given: nothing written
+        tensordict.set("next", result)
         return tensordict
 
     async def _partial_step(self, tensordict: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
@@ -351,8 +368,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if not self._batch_locked:
             sub = base[mask]
             self._check_actions(sub)
-            sub_next = await self._run(self._step_is_async, self._step, sub)
-            sub_next = self._step_proc_data(sub_next, sub)
+            sub_next = await self._step_into(sub, None)
+            assert not isinstance(sub_next, bool)
             full = self._previous_as_next(base)
             for key in sub_next.keys(include_nested=True, leaves_only=True):
                 if full.get(key, None) is None:
@@ -363,8 +380,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         # batch-locked: the env sees "_step" and may honour it; outputs are masked anyway
         base.set("_step", tensordict.get("_step"))
         self._check_actions(base)
-        next_td = await self._run(self._step_is_async, self._step, base)
-        next_td = self._step_proc_data(next_td, base)
+        next_td = await self._step_into(base, None)
+        assert not isinstance(next_td, bool)
         return mask_merge(next_td, base, mask)
 
     def _previous_as_next(self, td: TensorDictBase) -> TensorDictBase:
@@ -535,9 +552,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         input of the next step (``step_mdp`` of it, with done elements reset).
         """
         tensordict = await self.step(tensordict)
-        next_input = self._step_mdp(tensordict)
-        if self._any_done_write_reset(next_input):
-            next_input = await self.reset(next_input)
+        next_input = await self._reset_into(tensordict, None)
+        assert not isinstance(next_input, bool)
         return tensordict, next_input
 
     async def _rollout_step(
@@ -546,9 +562,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         """:meth:`step_and_maybe_reset` for the rollout loop of an env that overrides neither
         it nor :meth:`step` (see :meth:`_step_checked` for ``check_actions``)."""
         tensordict = await self._step_checked(tensordict, check_actions)
-        next_input = self._step_mdp(tensordict)
-        if self._any_done_write_reset(next_input):
-            next_input = await self.reset(next_input)
+        next_input = await self._reset_into(tensordict, None)
+        assert not isinstance(next_input, bool)
         return tensordict, next_input
 
     def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -165,10 +165,34 @@ class GymLikeEnv(EnvBase):
     # need not complete them. A subclass replacing _step opts out unless it says otherwise.
     _done_outputs_complete = True
 
+    #: The methods a subclass (or an instance) customises a gym-like env with. A wrapper's
+    #: plain path (``_plain_step``: the backend stepped and its outputs written without the
+    #: readers) runs only while none of them is replaced below the class that defines it:
+    #: ``_plain_ok`` on the class, an instance assignment checked where the path is taken.
+    EXTENSION_POINTS: ClassVar[frozenset[str]] = frozenset(
+        (
+            "_step",
+            "_reset",
+            "read_action",
+            "read_obs",
+            "read_reward",
+            "read_done",
+            "_output_transform",
+            "_reset_output_transform",
+        )
+    )
+    _plain_ok: ClassVar[bool] = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "_step" in cls.__dict__ and "_done_outputs_complete" not in cls.__dict__:
             cls._done_outputs_complete = False
+        if "_plain_step" in cls.__dict__:
+            # the class writing a plain path vouches for its own extension points and its
+            # bases'; a class below it replacing one turns the path off
+            cls._plain_ok = True
+        elif not GymLikeEnv.EXTENSION_POINTS.isdisjoint(cls.__dict__):
+            cls._plain_ok = False
 
     def _init_gym_specs(
         self,

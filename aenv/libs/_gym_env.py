@@ -50,19 +50,12 @@ def _is_vector(env: Any) -> bool:
     return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
 
 
-_READERS = ("read_action", "read_obs", "read_reward", "read_done", "_output_transform")
-
-
-def _overrides_readers(cls: type) -> bool:
-    """Whether a subclass of GymWrapper replaces a reader (then the generic path honours it)."""
-    return any(getattr(cls, name) is not getattr(GymWrapper, name) for name in _READERS)
-
-
 # methods the whole-rollout path stands in for: a subclass (or instance) replacing one of
 # them gets the generic rollout loop, which calls it
 _WHOLE_ROLLOUT_METHODS = (
     "_step",
-    "_fast_step",
+    "_step_into",
+    "_plain_step",
     "_fast_read_obs",
     "_reset",
     "_reset_output_transform",
@@ -92,29 +85,9 @@ def _keeps_rollout_methods(cls: type) -> bool:
     )
 
 
-# methods a step writer (GymWrapper._step_writer) stands in for
-_WRITER_METHODS = ("_step", "_fast_step", "_fast_read_obs", "step", "_step_proc_data")
-# ... and a reset writer (GymWrapper._reset_writer), which replaces the whole reset of a
-# step-and-maybe-reset: the reset input's making too
-_RESET_WRITER_METHODS = (
-    "_reset",
-    "_reset_output_transform",
-    "_fast_read_obs",
-    "reset",
-    "_reset_masks",
-    "_reset_proc_data",
-    "_check_done_after_reset",
-    "_check_batch",
-    "_check_open",
-    "_step_mdp",
-    "_any_done_write_reset",
-    "step_and_maybe_reset",
-)
-
-
-@functools.cache
-def _keeps_methods(cls: type, names: tuple[str, ...]) -> bool:
-    return all(getattr(cls, name) is getattr(GymWrapper, name) for name in names)
+# the leaves of the rows the plain path writes: a step's "next" content, a reset's outputs
+_STEP_ROW = ("observation", "reward", "terminated", "truncated", "done")
+_RESET_ROW = ("observation", "terminated", "truncated", "done")
 
 
 def _plain_array_spec(spec: TensorSpec) -> bool:
@@ -228,6 +201,8 @@ class GymWrapper(GymLikeEnv):
         self._vector = VectorAutoreset(env, env.num_envs) if vector else None
         self._pending_seed: int | None = None
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
+        # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
+        self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
         self._build_specs()
 
     # ------------------------------------------------------------------ specs
@@ -265,8 +240,8 @@ class GymWrapper(GymLikeEnv):
         )
         if self.from_pixels:
             self._pixels_reader = from_numpy_fn(self.full_observation_spec["pixels"], dev)
-        # a lean path for the common case: one env on the CPU, one observation key, nothing
-        # extra, and none of the readers overridden by a subclass
+        # the plain path for the common case: one env on the CPU, one observation key,
+        # nothing extra (taken while no extension point is replaced: _plain_now)
         dev_ok = dev is None or dev.type == "cpu"
         self._fast = (
             self._vector is None
@@ -275,7 +250,6 @@ class GymWrapper(GymLikeEnv):
             and not self.auto_reset
             and dev_ok
             and list(obs) == ["observation"]
-            and not _overrides_readers(type(self))
         )
         if self._fast:
             ospec = self.full_observation_spec["observation"]
@@ -284,6 +258,7 @@ class GymWrapper(GymLikeEnv):
                 np_dtype(ospec.dtype) if _plain_array_spec(ospec) else None,
                 tuple(ospec.shape),
             )
+            self._fast_obs_dtype = ospec.dtype
 
     def _render(self) -> np.ndarray:
         frames = self._env.render()
@@ -321,8 +296,10 @@ class GymWrapper(GymLikeEnv):
             self._env.action_space.seed(seed)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if self._fast:
-            return self._fast_step(tensordict)
+        if self._plain_now():
+            out = self._plain_step(tensordict, None)
+            assert not isinstance(out, bool)
+            return out
         if self._vector is not None:
             return self._vector_step(tensordict)
         td = super()._step(tensordict)
@@ -330,128 +307,126 @@ class GymWrapper(GymLikeEnv):
             self._auto_reset_stash(td)
         return td
 
-    def _fast_step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """One step of the common case with as few calls as possible.
-
-        Every value is a fresh tensor (no constant is shared between steps), built from the
-        backend's outputs with the dtype and shape of its spec, so the tensordict is
-        assembled without validation.
-        """
-        src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
-        obs, reward, terminated, truncated, info = self._env.step(
-            self._action_writer(src["action"])
+    def _plain_now(self) -> bool:
+        """Whether the plain path may run: the common case (``_fast``), no info reader, and
+        no extension point of a gym-like env replaced on this instance (a subclass replacing
+        one has ``_plain_ok`` False, see :class:`~aenv.envs.GymLikeEnv`)."""
+        return (
+            self._fast
+            and self._plain_ok
+            and not self._info_readers
+            and self.__dict__.keys().isdisjoint(GymLikeEnv.EXTENSION_POINTS)
         )
-        td = self._fast_outputs(self._fast_read_obs(obs), reward, terminated, truncated)
-        if self._info_readers:
-            self._read_infos(info, td)
-        return td
 
-    def _step_writer(
-        self, leaves: dict[str, torch.Tensor]
-    ) -> Callable[[TensorDictBase], bool | TensorDictBase] | None:
-        """:meth:`_fast_step` writing into ``leaves`` (see :meth:`EnvBase._step_writer`):
-        the gymnasium outputs go into the leaves' numpy views, with no tensor or TensorDict
-        made per step. Offered on the fast path (one CPU env, one observation key, no info
-        readers, no type checks) when ``leaves`` are exactly the step's outputs as the specs
-        give them, and no subclass or instance replaces a method it stands in for."""
-        keys = ("observation", "reward", "terminated", "truncated", "done")
-        if not self._writes_into(leaves, keys, _WRITER_METHODS):
-            return None
-        obs_t = leaves["observation"]
-        obs_np, rew_np, term_np, trunc_np, done_np = (leaves[k].numpy() for k in keys)
+    def _plain_step(
+        self, tensordict: TensorDictBase, views: tuple[np.ndarray, ...] | None
+    ) -> bool | TensorDictBase:
+        """The plain path's gymnasium step: into ``views`` (numpy views of a row's
+        observation, reward, terminated, truncated and done leaves), returning the done flag,
+        or, without views or for an observation off its spec, as a TensorDict of fresh
+        tensors built with the specs' dtypes and shapes (assembled without validation)."""
+        src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
+        obs, reward, terminated, truncated, _ = self._env.step(self._action_writer(src["action"]))
+        if views is None:
+            return self._fast_outputs(self._fast_read_obs(obs), reward, terminated, truncated)
+        obs_np, rew_np, term_np, trunc_np, done_np = views
+        value = self._obs_into(obs, obs_np)
+        if value is not None:
+            # not what the spec says: the caller handles it as _step's output
+            return self._fast_outputs(value, reward, terminated, truncated)
+        done = bool(terminated or truncated)
+        rew_np[0] = reward
+        term_np[0] = terminated
+        trunc_np[0] = truncated
+        done_np[0] = done
+        return done
+
+    def _obs_into(self, obs: Any, obs_np: np.ndarray) -> torch.Tensor | None:
+        """Copy the backend's observation into a row's observation view; returns None, or
+        the observation read as a tensor when it is off its spec (then nothing is written)."""
         read, np_dt, shape = self._fast_obs
-        step, write_action = self._env.step, self._action_writer
-        plain_obs = np_dt is not None
-
-        def write(tensordict: TensorDictBase) -> bool | TensorDictBase:
-            src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
-            obs, reward, terminated, truncated, _ = step(write_action(src["action"]))
-            if plain_obs and type(obs) is np.ndarray and obs.dtype == np_dt and obs.shape == shape:
-                np.copyto(obs_np, obs)
-            else:
-                value = read(obs)
-                if value.dtype != obs_t.dtype or value.shape != obs_t.shape:
-                    # not what the spec says: the caller handles it as _step's output
-                    return self._fast_outputs(value, reward, terminated, truncated)
-                obs_t.copy_(value)
-            done = bool(terminated or truncated)
-            rew_np[0] = reward
-            term_np[0] = terminated
-            trunc_np[0] = truncated
-            done_np[0] = done
-            return done
-
-        return write
-
-    def _reset_writer(
-        self, leaves: dict[str, torch.Tensor]
-    ) -> Callable[[], bool | TensorDictBase] | None:
-        """A whole reset writing into ``leaves`` (see :meth:`EnvBase._reset_writer`): the
-        backend's first observation goes into the observation leaf's numpy view and the
-        done flags are cleared, with no tensor or TensorDict made. Offered where
-        :meth:`_step_writer` is, when ``leaves`` are exactly a reset's outputs as the specs
-        give them (the observation and the done flags)."""
-        keys = ("observation", "terminated", "truncated", "done")
-        if not self._writes_into(leaves, keys, _RESET_WRITER_METHODS):
-            return None
-        obs_t = leaves["observation"]
-        obs_np, term_np, trunc_np, done_np = (leaves[k].numpy() for k in keys)
-        read, np_dt, shape = self._fast_obs
-        plain_obs = np_dt is not None
-
-        def write() -> bool | TensorDictBase:
-            self._check_open()
-            seed, self._pending_seed, self._stash = self._pending_seed, None, None
-            obs, _ = self._reset_output_transform(
-                self._env.reset() if seed is None else self._env.reset(seed=seed)
-            )
-            if plain_obs and type(obs) is np.ndarray and obs.dtype == np_dt and obs.shape == shape:
-                np.copyto(obs_np, obs)
-            else:
-                value = read(obs)
-                if value.dtype != obs_t.dtype or value.shape != obs_t.shape:
-                    # not what the spec says: the reset's TensorDict, as reset() gives it
-                    td = TensorDict._new_unsafe(
-                        {"observation": value},
-                        self.batch_size,
-                        self._device,  # type: ignore[arg-type]
-                        nested=False,
-                    )
-                    return self._reset_proc_data(None, td, None)
-                obs_t.copy_(value)
-            term_np[0] = trunc_np[0] = done_np[0] = False
-            return True
-
-        return write
-
-    def _writes_into(
-        self, leaves: dict[str, torch.Tensor], keys: tuple[str, ...], methods: tuple[str, ...]
-    ) -> bool:
-        """Whether a writer may fill ``leaves``: the per-step fast path (no info readers,
-        no type checks), none of ``methods`` replaced by a subclass or the instance, and
-        ``leaves`` exactly ``keys``, each a CPU tensor with its spec's dtype and shape (the
-        reward and flags one element)."""
         if (
-            not self._fast
-            or self._info_readers
-            or self.run_type_checks
-            or not _keeps_methods(type(self), methods)
-            or not self.__dict__.keys().isdisjoint(methods)
-            or sorted(leaves) != sorted(keys)
+            np_dt is not None
+            and type(obs) is np.ndarray
+            and obs.dtype == np_dt
+            and obs.shape == shape
         ):
-            return False
+            np.copyto(obs_np, obs)
+            return None
+        value = read(obs)
+        if value.dtype != self._fast_obs_dtype or value.shape != obs_np.shape:
+            return value
+        np.copyto(obs_np, value.numpy())
+        return None
+
+    async def _step_into(
+        self, tensordict: TensorDictBase, out: TensorDictBase | None
+    ) -> bool | TensorDictBase:
+        """The plain path writes gymnasium's outputs straight into the row's numpy views
+        (no tensor or TensorDict made per step); anything else takes the default."""
+        if out is not None and not self.blocking and not self.run_type_checks and self._plain_now():
+            views = self._row_views(out, _STEP_ROW)
+            if views is not None:
+                return self._plain_step(tensordict, views)
+        return await super()._step_into(tensordict, out)
+
+    async def _reset_into(
+        self, stepped: TensorDictBase, out: TensorDictBase | None
+    ) -> bool | TensorDictBase:
+        """After a step that ended the episode, on the plain path: gymnasium's reset (with
+        the pending seed, used once) straight into the row's numpy views, done flags
+        cleared; anything else takes the default."""
+        views = None
+        if out is not None and not (self.blocking or self.run_type_checks or self._closed):
+            views = self._row_views(out, _RESET_ROW) if self._plain_now() else None
+        if views is None:
+            return await super()._reset_into(stepped, out)
+        obs_np, term_np, trunc_np, done_np = views
+        seed, self._pending_seed, self._stash = self._pending_seed, None, None
+        obs, _ = self._reset_output_transform(
+            self._env.reset() if seed is None else self._env.reset(seed=seed)
+        )
+        value = self._obs_into(obs, obs_np)
+        if value is not None:
+            # not what the spec says: the reset's TensorDict, as reset() gives it
+            td = TensorDict._new_unsafe(
+                {"observation": value},
+                self.batch_size,
+                self._device,  # type: ignore[arg-type]
+                nested=False,
+            )
+            return self._reset_proc_data(None, td, None)
+        term_np[0] = trunc_np[0] = done_np[0] = False
+        return True
+
+    def _row_views(
+        self, out: TensorDictBase, keys: tuple[str, ...]
+    ) -> tuple[np.ndarray, ...] | None:
+        """Numpy views of ``out``'s leaves ``keys``, when ``out`` holds exactly them, each a
+        CPU tensor with its spec's dtype and shape (the reward and flags one element); None
+        otherwise. Kept per row (a worker's slots live as long as the env)."""
+        hit = self._views.get(id(out))
+        if hit is not None and hit[0] is out:
+            return hit[1]
+        if type(out) is not TensorDict or sorted(out.keys()) != sorted(keys):
+            return None
         specs = self.full_observation_spec, self.full_reward_spec, self.full_done_spec
         for key in keys:
             spec = next(group[key] for group in specs if key in group.keys())
-            leaf = leaves[key]
+            leaf = out.get(key)
             if (
-                leaf.dtype != spec.dtype
+                type(leaf) is not torch.Tensor
+                or leaf.dtype != spec.dtype
                 or leaf.shape != spec.shape
                 or leaf.device.type != "cpu"
                 or (key != "observation" and leaf.shape != (1,))
             ):
-                return False
-        return True
+                return None
+        views = tuple(out.get(key).numpy() for key in keys)
+        if len(self._views) > 8:
+            self._views.clear()
+        self._views[id(out)] = (out, views)
+        return views
 
     def _fast_outputs(
         self, obs: torch.Tensor, reward: Any, terminated: Any, truncated: Any
@@ -545,7 +520,7 @@ class GymWrapper(GymLikeEnv):
             if options is not None:
                 reset_kw["options"] = options
             obs, info = self._reset_output_transform(self._env.reset(**reset_kw))
-        if self._fast:
+        if self._plain_now():
             fields = {"observation": self._fast_read_obs(obs)}
             td = TensorDict._new_unsafe(fields, self.batch_size, self._device, nested=False)  # type: ignore[arg-type]
         else:
@@ -567,8 +542,7 @@ class GymWrapper(GymLikeEnv):
         (info readers, type checks, replaced methods, a policy with ``blocking``, a first
         tensordict holding more than a reset gives); None otherwise."""
         if (
-            not self._fast
-            or self._info_readers
+            not self._plain_now()
             or self.run_type_checks
             or self._closed
             or (policy is not None and self.blocking)

@@ -49,8 +49,9 @@ def _lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
 
 async def _step(env: EnvBase, td: TensorDictBase) -> TensorDictBase:
     if _lean_step_ok(env, td):
-        out = await env._run(env._step_is_async, env._step, td)
-        return env._step_proc_data(out, td)
+        out = await env._step_into(td, None)
+        assert not isinstance(out, bool)
+        return out
     stepped = await env.step(td)
     return stepped.get("next")
 
@@ -65,9 +66,9 @@ async def _step_and_maybe_reset(
     nxt = await _step(env, td)
     if not _any_done(env, nxt):
         return nxt, None
-    reset_input = env._step_mdp(td.set("next", nxt))
-    env._any_done_write_reset(reset_input)
-    return nxt, await env.reset(reset_input)
+    out = await env._reset_into(td.set("next", nxt), None)
+    assert not isinstance(out, bool)
+    return nxt, out
 
 
 def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
@@ -99,16 +100,14 @@ def finish_inline(env: EnvBase, op: str, payload: TensorDictBase, nxt: TensorDic
         return nxt
     if not _any_done(env, nxt):
         return nxt, None
-    reset_input = env._step_mdp(payload.set("next", nxt))
-    env._any_done_write_reset(reset_input)
-    return nxt, drive(env.reset(reset_input))
+    return nxt, drive(env._reset_into(payload.set("next", nxt), None))
 
 
 def execute_inline(env: EnvBase, op: str, payload: Any) -> Any:
     """``drive(execute(env, op, payload))`` for an op that :func:`runs_inline`: the same
-    result; steps on the lean path (see :func:`lean_inline`) are plain calls."""
+    result; a step on the lean path (see :func:`lean_inline`) skips the op's coroutine."""
     if (op == "step" or op == "step_and_maybe_reset") and lean_inline(env, op, payload):
-        return finish_inline(env, op, payload, env._step_proc_data(env._step(payload), payload))
+        return finish_inline(env, op, payload, drive(env._step_into(payload, None)))
     return drive(execute(env, op, payload))
 
 

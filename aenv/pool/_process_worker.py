@@ -51,13 +51,19 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import EnvStepError
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._ops import execute, execute_inline, finish_inline, lean_inline, runs_inline
+from aenv.pool._ops import (
+    drive,
+    execute,
+    execute_inline,
+    finish_inline,
+    lean_inline,
+    runs_inline,
+)
 from aenv.pool._shm import Slot, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
 SLOT, PICKLED, FAILED = 0, 1, 2
-_UNSET: Any = object()
 _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _DUMP = pickle.HIGHEST_PROTOCOL
 #: Seconds a finished result may wait for its siblings' to go out in the same frame.
@@ -211,9 +217,6 @@ class _Runtime:
         self.retired: set[asyncio.Task[Any]] = set()
         #: env -> cancels to acknowledge when its running task is over
         self.cancel_acks: dict[int, int] = {}
-        #: per bank: env -> its step and reset writers into the bank's slots, or None (see
-        #: EnvBase._step_writer); made on the env's first batch step, dropped on a rebuild
-        self.writers: list[dict[int, Any]] = [{} for _ in self.banks]
         self.out: list[tuple[Any, ...]] = []
         self.out_batches: list[_Batch] = []
         self.out_since = 0.0
@@ -312,7 +315,6 @@ class _Runtime:
             self.broken,
             self.seq,
         )
-        writers = self.writers[batch.bank]
         for i, data in items:
             env = envs.get(i)
             slots = slots_of.get(i)
@@ -333,50 +335,36 @@ class _Runtime:
                 # do not hold finished results behind a slow env (a streamed batch's
                 # parent has a step timeout: it hears of each env as it finishes)
                 self._flush()
-            write = writers.get(i, _UNSET)
-            if write is _UNSET:
-                write = writers[i] = self._writers(env, slots)
             try:
-                if write is None or not lean_inline(env, op, slots["in"].td):
-                    result = execute_inline(env, op, slots["in"].view())
+                payload = slots["in"].view()
+                if not lean_inline(env, op, payload):
+                    result = execute_inline(env, op, payload)
                 else:
-                    out = write[0](slots["in"].td)
+                    # the env's step straight into its result slot where it can write there
+                    out = drive(env._step_into(payload, slots["next"].td))
                     if out is False or (out is True and op == "step"):
                         # every result is in the slot already
                         self._done(i, seq, batch, SLOT, None if op == "step" else False)
                         continue
-                    if out is True and write[1] is not None:
-                        # the episode ended: the reset goes into its slot too
-                        rst = write[1]()
+                    if out is True:
+                        # the episode ended: the reset goes into its slot too where it can
+                        reset = slots.get("reset")
+                        rst = drive(
+                            env._reset_into(
+                                payload.set("next", slots["next"].td),
+                                None if reset is None else reset.td,
+                            )
+                        )
                         if rst is True:
                             self._done(i, seq, batch, SLOT, True)
                             continue
                         result = (slots["next"].read(), rst)
                     else:
-                        payload = slots["in"].view()
-                        nxt = (
-                            slots["next"].read()
-                            if out is True
-                            else env._step_proc_data(out, payload)
-                        )
-                        result = finish_inline(env, op, payload, nxt)
+                        result = finish_inline(env, op, payload, out)
             except Exception as exc:
                 self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:
                 self._result(i, seq, op, batch, result)
-
-    @staticmethod
-    def _writers(env: EnvBase, slots: dict[str, Slot]) -> tuple[Any, Any] | None:
-        """The env's step writer into ``slots``' result slot and its reset writer into the
-        reset slot (or None), see :meth:`EnvBase._step_writer`; None when it has no step
-        writer, or the input slot carries a ``"_step"`` mask."""
-        if "_step" in slots["in"].by_key:
-            return None
-        step = env._step_writer(dict(slots["next"].by_key))
-        if step is None:
-            return None
-        reset = slots.get("reset")
-        return step, None if reset is None else env._reset_writer(dict(reset.by_key))
 
     def _forget(self, i: int) -> None:
         """Env ``i``'s current operation (and any queued) is given up: no outcome goes
@@ -524,8 +512,6 @@ class _Runtime:
             task.cancel()
             self._retire(task)
         self._ack_cancels(i)
-        for writers in self.writers:
-            writers.pop(i, None)
         old = self.envs.pop(i, None)
         if old is not None:
             self._retire(self.loop.create_task(_quiet_close(old)))

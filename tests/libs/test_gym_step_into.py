@@ -1,11 +1,12 @@
-"""GymWrapper's step and reset writers: a process worker's step of a GymEnv, and the reset
-after an episode's end, written straight into the env's shared-memory slots
-(``EnvBase._step_writer``, ``EnvBase._reset_writer``).
+"""GymWrapper's row hooks: a process worker's step of a GymEnv, and the reset after an
+episode's end, written straight into the env's shared-memory rows (``EnvBase._step_into``,
+``EnvBase._reset_into`` overridden by the wrapper's plain path).
 
-Each step written must hold exactly what ``env.step`` gives, each reset what ``env.reset``
-gives for a done env (values, dtypes, shapes, the env state it leaves, a pending seed used
-once), the writers must step aside whenever the per-step fast path would, and a process pool
-of GymEnvs must give the coroutine pool's rollouts, resets inside included.
+Each step written must hold exactly what the default hooks give (``env.step``), each reset
+what ``env.reset`` gives for a done env (values, dtypes, shapes, the env state it leaves, a
+pending seed used once), the overrides must step aside (to the defaults) whenever the plain
+path may not run, and a process pool of GymEnvs must give the coroutine pool's rollouts,
+resets inside included.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from aenv.libs._gym_env import _RESET_ROW, _STEP_ROW
 from aenv.libs.gym import GymEnv
 from aenv.pool import AsyncEnvPool
+from aenv.pool._ops import drive
 
 pytestmark = pytest.mark.timeout(120)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -34,6 +37,22 @@ ENVS = [
     ("MountainCarContinuous-v0", {}),
     ("FrozenLake-v1", {}),  # discrete observation: the reader path, not a plain array copy
 ]
+
+
+def step_into(env: GymEnv, td: TensorDictBase, leaves: dict[str, torch.Tensor]) -> Any:
+    """The env's step hook into a row made of ``leaves`` (as a worker's result slot)."""
+    return drive(env._step_into(td, TensorDict(leaves, [])))
+
+
+def writes(env: GymEnv, leaves: dict[str, torch.Tensor], reset: bool = False) -> bool:
+    """Whether the env's hook writes into a row made of ``leaves`` (not: the default)."""
+    row = TensorDict(leaves, [])
+    keys = _RESET_ROW if reset else _STEP_ROW
+    return (
+        env._row_views(row, keys) is not None
+        and env._plain_now()
+        and not (env.run_type_checks or env.blocking)
+    )
 
 
 def leaves_for(env: GymEnv, reset: bool = False) -> dict[str, torch.Tensor]:
@@ -55,14 +74,13 @@ def leaves_for(env: GymEnv, reset: bool = False) -> dict[str, torch.Tensor]:
 async def test_written_steps_equal_env_steps(env_id, kwargs):
     written, stepped = GymEnv(env_id, **kwargs), GymEnv(env_id, **kwargs)
     leaves = leaves_for(written)
-    write = written._step_writer(leaves)
-    assert write is not None
+    assert writes(written, leaves)
     torch.manual_seed(0)
     tds = [await written.reset(seed=3), await stepped.reset(seed=3)]
     episodes = 0
     for _ in range(250):
         action = written.rand_action(tds[0].clone())
-        done = write(action)
+        done = step_into(written, action, leaves)
         expected = (await stepped.step(action.clone()))["next"]
         assert type(done) is bool
         for key in KEYS:
@@ -77,30 +95,49 @@ async def test_written_steps_equal_env_steps(env_id, kwargs):
         assert episodes > 3  # episode ends were written too
 
 
-async def test_the_writer_steps_aside_where_the_fast_path_would():
+async def test_the_hooks_step_aside_where_the_plain_path_may_not_run():
     env = GymEnv("CartPole-v1")
     leaves = leaves_for(env)
-    assert env._step_writer(leaves) is not None
-    # a leaf more, a leaf less, another dtype or shape
-    assert env._step_writer({**leaves, "extra": torch.zeros(1)}) is None
-    assert env._step_writer({k: v for k, v in leaves.items() if k != "truncated"}) is None
-    assert env._step_writer({**leaves, "reward": torch.zeros(1, dtype=torch.float64)}) is None
-    assert env._step_writer({**leaves, "observation": torch.zeros(5)}) is None
-    # type checks on, info readers, a replaced step (class or instance): the generic path
+    assert writes(env, leaves)
+    # a leaf more, a leaf less, another dtype or shape: a row it cannot fill
+    assert not writes(env, {**leaves, "extra": torch.zeros(1)})
+    assert not writes(env, {k: v for k, v in leaves.items() if k != "truncated"})
+    assert not writes(env, {**leaves, "reward": torch.zeros(1, dtype=torch.float64)})
+    assert not writes(env, {**leaves, "observation": torch.zeros(5)})
+    await env.reset(seed=0)
+    action = env.rand_action()
+    out = step_into(env, action, {**leaves, "extra": torch.zeros(1)})
+    assert isinstance(out, TensorDictBase) and set(out.keys()) == set(KEYS)
+    # type checks on: the default hook (nothing written)
     env.run_type_checks = True
-    assert env._step_writer(leaves) is None
+    assert isinstance(step_into(env, action, leaves), TensorDictBase)
     env.run_type_checks = False
 
+    # a replaced step or reader (class or instance): the default hooks, which call it
     class Subclass(GymEnv):
         def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
             return super()._step(tensordict)
 
-    assert Subclass("CartPole-v1")._step_writer(leaves) is None
+    from aenv.envs import EnvBase
+
+    assert Subclass._step_into is EnvBase._step_into
+    assert Subclass._reset_into is EnvBase._reset_into
+
+    class Doubled(GymEnv):
+        def read_reward(self, reward: Any) -> torch.Tensor:
+            return super().read_reward(reward) * 2
+
+    doubled = Doubled("CartPole-v1")
+    assert not writes(doubled, leaves_for(doubled))
+    await doubled.reset(seed=0)
+    assert (await doubled.rand_step())["next", "reward"].item() == 2.0
     other = GymEnv("CartPole-v1")
-    other._step = other._step  # type: ignore[method-assign]
-    assert other._step_writer(leaves) is None
+    other.read_obs = lambda obs: {"observation": torch.zeros(4)}  # type: ignore[method-assign]
+    assert not writes(other, leaves)
+    await other.reset(seed=0)
+    assert torch.equal((await other.rand_step())["next", "observation"], torch.zeros(4))
     pixels = GymEnv("CartPole-v1", from_pixels=True, pixels_only=False, render_mode="rgb_array")
-    assert pixels._step_writer(leaves_for(pixels)) is None
+    assert not writes(pixels, leaves_for(pixels))
 
 
 async def test_an_observation_off_its_spec_comes_back_as_a_tensordict():
@@ -110,10 +147,8 @@ async def test_an_observation_off_its_spec_comes_back_as_a_tensordict():
     leaves = leaves_for(env)
     shape = env._fast_obs[2]
     env._fast_obs = (lambda obs: torch.zeros(2), None, shape)
-    write = env._step_writer(leaves)
-    assert write is not None
     await env.reset(seed=0)
-    out = write(TensorDict({"action": torch.tensor([0, 1])}, []))
+    out = step_into(env, TensorDict({"action": torch.tensor([0, 1])}, []), leaves)
     assert isinstance(out, TensorDictBase)
     assert torch.equal(out["observation"], torch.zeros(2))
     assert set(out.keys()) == set(KEYS)
@@ -132,9 +167,12 @@ async def _reset_as_a_pool_would(env: GymEnv, stepped: TensorDictBase) -> Tensor
 async def test_written_resets_equal_env_resets(env_id, kwargs):
     written, stepped = GymEnv(env_id, **kwargs), GymEnv(env_id, **kwargs)
     leaves = leaves_for(written, reset=True)
-    write_step = written._step_writer(leaves_for(written))
-    write_reset = written._reset_writer(leaves)
-    assert write_step is not None and write_reset is not None
+    step_leaves = leaves_for(written)
+    assert writes(written, leaves, reset=True) and writes(written, step_leaves)
+
+    def write_reset() -> Any:
+        return drive(written._reset_into(TensorDict(), TensorDict(leaves, [])))
+
     torch.manual_seed(0)
     td = await written.reset(seed=3)
     await stepped.reset(seed=3)
@@ -142,7 +180,7 @@ async def test_written_resets_equal_env_resets(env_id, kwargs):
     for t in range(400):
         action = written.rand_action(td.clone())
         expected = await stepped.step(action.clone())
-        if not write_step(action) and t % 50 != 49:
+        if not step_into(written, action, step_leaves) and t % 50 != 49:
             continue
         # an episode's end (or, every 50 steps, a reset the step did not call for): the
         # written reset against the generic one, a pending seed taken every other time
@@ -166,31 +204,25 @@ async def test_written_resets_equal_env_resets(env_id, kwargs):
     assert torch.equal(leaves["observation"], want["observation"])
 
 
-async def test_the_reset_writer_steps_aside_where_it_should():
+async def test_the_reset_hook_steps_aside_where_it_should():
     env = GymEnv("CartPole-v1")
     leaves = leaves_for(env, reset=True)
-    assert env._reset_writer(leaves) is not None
-    assert env._reset_writer({**leaves, "reward": torch.zeros(1)}) is None
-    assert env._reset_writer({k: v for k, v in leaves.items() if k != "done"}) is None
-    assert env._reset_writer({**leaves, "observation": torch.zeros(4, 1)}) is None
-    env.run_type_checks = True
-    assert env._reset_writer(leaves) is None
-    env.run_type_checks = False
+    assert writes(env, leaves, reset=True)
+    assert not writes(env, {**leaves, "reward": torch.zeros(1)}, reset=True)
+    assert not writes(env, {k: v for k, v in leaves.items() if k != "done"}, reset=True)
+    assert not writes(env, {**leaves, "observation": torch.zeros(4, 1)}, reset=True)
 
     class Subclass(GymEnv):
         def _reset(self, tensordict: Any, **kwargs: Any) -> TensorDictBase:
             return super()._reset(tensordict, **kwargs)
 
-    assert Subclass("CartPole-v1")._reset_writer(leaves) is None
-    other = GymEnv("CartPole-v1")
-    other._step_mdp = other._step_mdp  # type: ignore[method-assign]
-    assert other._reset_writer(leaves) is None
+    from aenv.envs import EnvBase
+
+    assert Subclass._reset_into is EnvBase._reset_into
     # a closed env refuses, as reset() does, before touching the backend
-    write = env._reset_writer(leaves)
-    assert write is not None
     await env.aclose()
     with pytest.raises(Exception, match="closed"):
-        write()
+        drive(env._reset_into(TensorDict(), TensorDict(leaves, [])))
 
 
 async def test_a_reset_observation_off_its_spec_comes_back_as_a_tensordict():
@@ -198,9 +230,7 @@ async def test_a_reset_observation_off_its_spec_comes_back_as_a_tensordict():
     leaves = leaves_for(env, reset=True)
     shape = env._fast_obs[2]
     env._fast_obs = (lambda obs: torch.zeros(2), None, shape)
-    write = env._reset_writer(leaves)
-    assert write is not None
-    out = write()
+    out = drive(env._reset_into(TensorDict(), TensorDict(leaves, [])))
     assert isinstance(out, TensorDictBase)
     assert torch.equal(out["observation"], torch.zeros(2))
     assert set(out.keys()) == set(RESET_KEYS)
