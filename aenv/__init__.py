@@ -13,7 +13,6 @@ from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.collectors import Collector, Interruptor, SyncDataCollector, split_trajectories
 from aenv.envs import (
     EnvBase,
-    EnvCreator,
     EnvMetaData,
     ExplorationType,
     PendulumEnv,
@@ -71,7 +70,7 @@ from aenv.specs import (
     Unbounded,
     make_composite_from_td,
 )
-from aenv.sync import ParallelEnv, SerialEnv, SyncEnv, rollout
+from aenv.sync import EnvCreator, ParallelEnv, SerialEnv, SyncEnv, rollout
 from aenv.transforms import (
     ActionDiscretizer,
     ActionMask,

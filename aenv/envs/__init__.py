@@ -1,7 +1,6 @@
 """Async envs: the base class, helpers and built-in envs."""
 
 from aenv.envs._common import EnvBase
-from aenv.envs._creator import EnvCreator
 from aenv.envs._pendulum import PendulumEnv
 from aenv.envs._utils import (
     EnvMetaData,
@@ -15,7 +14,6 @@ from aenv.envs._utils import (
 
 __all__ = [
     "EnvBase",
-    "EnvCreator",
     "EnvMetaData",
     "ExplorationType",
     "PendulumEnv",

@@ -18,8 +18,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import SpecError
-from aenv.libs._gym_convert import from_numpy_fn, np_dtype, to_numpy_fn
 from aenv.specs import Categorical, Composite, TensorSpec, Unbounded
+from aenv.specs._numpy import from_numpy_fn, np_dtype, to_numpy_fn
 
 __all__ = ["BaseInfoDictReader", "DefaultInfoDictReader", "GymLikeEnv", "default_info_dict_reader"]
 

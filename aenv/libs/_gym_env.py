@@ -13,7 +13,6 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._gymlike import GymLikeEnv
 from aenv.exceptions import BatchSizeError
 from aenv.libs._gym_backend import gym_backend, to_gymnasium_space
-from aenv.libs._gym_convert import from_numpy_fn, np_dtype
 from aenv.libs._gym_rollout import layout, plain_input, rollout_whole
 from aenv.libs._gym_vector import VectorAutoreset, normalize_autoreset_mode
 from aenv.specs import (
@@ -25,6 +24,7 @@ from aenv.specs import (
     TensorSpec,
     from_gym_space,
 )
+from aenv.specs._numpy import from_numpy_fn, np_dtype
 
 __all__ = ["GymEnv", "GymWrapper"]
 

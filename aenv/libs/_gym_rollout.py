@@ -29,9 +29,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._rollout import _any_done, _StepStore, call_policy
-from aenv.libs._gym_convert import np_dtype
 from aenv.specs import Categorical, Composite, NonTensor, OneHot, TensorSpec
 from aenv.specs._discrete import one_hot_rows
+from aenv.specs._numpy import np_dtype
 
 if TYPE_CHECKING:
     from aenv.libs._gym_env import GymWrapper

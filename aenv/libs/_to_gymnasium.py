@@ -17,8 +17,8 @@ from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import BatchSizeError
-from aenv.libs._gym_convert import from_numpy_fn, to_numpy_fn
 from aenv.specs import Composite, TensorSpec, to_gym_space
+from aenv.specs._numpy import from_numpy_fn, to_numpy_fn
 from aenv.sync import Runner, get_runner
 
 __all__ = ["AenvGymnasiumEnv", "AenvGymnasiumVectorEnv", "to_gymnasium", "to_gymnasium_vector"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -105,7 +106,7 @@ class AsyncEnvPool(StreamMixin, EnvBase):
     def __new__(cls, *args: Any, **kwargs: Any) -> AsyncEnvPool:
         if cls is AsyncEnvPool:
             name = normalize_backend_name(kwargs.get("backend") or "coroutine")
-            cls = _BY_BACKEND.get(name, cls)
+            cls = _pool_class(name, cls)
         return super().__new__(cls)
 
     def __init__(
@@ -606,7 +607,19 @@ class ThreadingAsyncEnvPool(AsyncEnvPool):
     _backend_name = "thread"
 
 
-_BY_BACKEND: dict[str, type[AsyncEnvPool]] = {
+#: The pool class each backend's pools are built as (``"module:Class"`` for those in
+#: modules imported on first use).
+_BY_BACKEND: dict[str, type[AsyncEnvPool] | str] = {
     "coroutine": CoroutineAsyncEnvPool,
     "thread": ThreadingAsyncEnvPool,
+    "process": "aenv.pool._process_pool:ProcessorAsyncEnvPool",
 }
+
+
+def _pool_class(name: str, default: type[AsyncEnvPool]) -> type[AsyncEnvPool]:
+    found = _BY_BACKEND.get(name, default)
+    if isinstance(found, str):
+        module_name, _, cls_name = found.partition(":")
+        found = _BY_BACKEND[name] = getattr(importlib.import_module(module_name), cls_name)
+    assert not isinstance(found, str)
+    return found

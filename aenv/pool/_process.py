@@ -340,11 +340,12 @@ class ProcessBackend(ClosingMixin, Backend):
         return metas
 
     def _note_creator_metas(self, metas: dict[int, EnvMetaData]) -> None:
-        from aenv.envs._creator import EnvCreator
-
+        # an EnvCreator (aenv.sync) keeps the metadata its envs reported: told by duck
+        # typing, the pool sitting below the sync layer
         for i, fn in enumerate(self.env_fns):
-            if isinstance(fn, EnvCreator):
-                fn._note_meta_data(metas[i])
+            note = getattr(fn, "_note_meta_data", None)
+            if note is not None:
+                note(metas[i])
 
     @property
     def worker_pids(self) -> list[int]:

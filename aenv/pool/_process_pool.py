@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aenv.pool import _pool
 from aenv.pool._pool import AsyncEnvPool, EnvFns
 
 __all__ = ["ProcessorAsyncEnvPool"]
@@ -70,6 +69,3 @@ class ProcessorAsyncEnvPool(AsyncEnvPool):
     def worker_pids(self) -> list[int]:
         """Process ids of the live worker processes."""
         return self._backend.worker_pids  # type: ignore[attr-defined,no-any-return]
-
-
-_pool._BY_BACKEND.setdefault("process", ProcessorAsyncEnvPool)

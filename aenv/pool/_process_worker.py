@@ -553,19 +553,19 @@ class _Runtime:
                 self._stop()
 
     # ------------------------------------------------------------------ closing
-    async def _shutdown(self, timeout: float) -> None:
+    async def _shutdown(self, grace: float) -> None:
         pending = [*self.tasks.values(), *self.retired]
         for task in pending:
             task.cancel()
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(grace):
                 if pending:
                     await asyncio.wait(pending)
                 for env in self.envs.values():
                     await _quiet_close(env)
         self._flush()
         with contextlib.suppress(Exception):
-            self.chan.flush_blocking(timeout)
+            self.chan.flush_blocking(grace)
 
 
 async def _quiet_close(env: EnvBase) -> None:

@@ -7,8 +7,18 @@ where synchronous code touches an event loop; the facades (:class:`SyncEnv`,
 
 from __future__ import annotations
 
+from aenv.sync._creator import EnvCreator
 from aenv.sync._facades import SerialEnv, SyncEnv, rollout
 from aenv.sync._parallel import ParallelEnv
 from aenv.sync._runner import Runner, get_runner, run_sync
 
-__all__ = ["ParallelEnv", "Runner", "SerialEnv", "SyncEnv", "get_runner", "rollout", "run_sync"]
+__all__ = [
+    "EnvCreator",
+    "ParallelEnv",
+    "Runner",
+    "SerialEnv",
+    "SyncEnv",
+    "get_runner",
+    "rollout",
+    "run_sync",
+]

@@ -204,8 +204,8 @@ async def test_reward_follows_the_reward_spec_dtype():
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
 def test_scalar_one_hot_converter(dtype):
-    from aenv.libs._gym_convert import from_numpy_fn
     from aenv.specs import OneHot, from_gym_space
+    from aenv.specs._numpy import from_numpy_fn
 
     spec = from_gym_space(spaces.Discrete(4, start=2))
     assert isinstance(spec, OneHot)

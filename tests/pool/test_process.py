@@ -16,10 +16,10 @@ import torch
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, TensorDictBase
 
 from aenv import EnvBase
-from aenv.envs._creator import EnvCreator
 from aenv.pool import AsyncEnvPool, ProcessorAsyncEnvPool
 from aenv.pool._process_worker import SLOT
 from aenv.specs import Composite, Unbounded
+from aenv.sync._creator import EnvCreator
 from aenv.testing import CountingEnv, DynamicSpecEnv, TextEnv
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv.envs._creator import EnvCreator
+from aenv.sync._creator import EnvCreator
 from aenv.sync._parallel import ParallelEnv
 from aenv.testing import CountingEnv
 

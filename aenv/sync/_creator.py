@@ -8,6 +8,7 @@ from typing import Any
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
+from aenv.sync._runner import get_runner
 
 __all__ = ["EnvCreator"]
 
@@ -91,7 +92,5 @@ class EnvCreator:
 
 
 def _close_quietly(env: EnvBase) -> None:
-    from aenv.sync import get_runner
-
     with contextlib.suppress(Exception):  # a metadata probe env: closing is best effort
         get_runner().run(env.aclose)
