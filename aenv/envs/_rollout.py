@@ -6,30 +6,53 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio.lowlevel
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from aenv._mdp import any_true, fast_stack, time_named, unravel
+from aenv.envs._policy import make_policy
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
 
-__all__ = ["call_policy", "run_rollout"]
+__all__ = ["YIELD_EVERY", "call_policy", "rollout_policy", "run_rollout"]
+
+#: A rollout lets the event loop run (other tasks, a cancel) at least once every this many
+#: steps, however many of them complete without suspending (cheap sync envs).
+YIELD_EVERY = 64
 
 
 async def call_policy(policy: Callable[..., Any], td: TensorDictBase) -> TensorDictBase:
-    """Apply a policy to ``td``: awaits async policies; a None result means "in place"."""
+    """Apply a policy to ``td``: awaits async policies; a None result means "in place", and
+    a new TensorDict (an out-of-place policy) is merged into ``td``, as TorchRL does, so the
+    step keeps its observations and done flags."""
     out = policy(td)
     if inspect.isawaitable(out):
         out = await out
-    if out is None:
+    if out is None or out is td:
         return td
     if not isinstance(out, TensorDictBase):
         raise TypeError(
             f"a rollout policy must return a TensorDict (or None, writing in place); got "
             f"{type(out).__name__}. Wrap plain modules in tensordict.nn.TensorDictModule."
         )
-    return out
+    return td.update(out)
+
+
+def rollout_policy(env: EnvBase, policy: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """The callable a rollout runs for ``policy``: a plain callable on observation tensors
+    (an ``nn.Module`` on the observation, say) is wrapped to read the observations and write
+    the action (:func:`~aenv.envs._policy.make_policy`); one whose call it cannot tell is
+    used as it is."""
+    if policy is None:
+        return None
+    try:
+        return make_policy(policy, env)
+    except TypeError:
+        if not callable(policy):
+            raise
+        return policy
 
 
 def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
@@ -75,6 +98,11 @@ async def run_rollout(
             raise RuntimeError("tensordict cannot be passed when auto_reset=True")
     elif tensordict is None:
         raise RuntimeError("a tensordict is required when auto_reset=False")
+    policy = rollout_policy(env, policy)
+    if tensordict is not None and env._any_done_write_reset(tensordict):
+        # a rollout going on from a given tensordict (the last step of another, say): what
+        # it says is done is reset first, as TorchRL does; nothing else is
+        tensordict = await env.reset(tensordict)
     if (
         callback is None
         and not auto_cast_to_device
@@ -111,12 +139,16 @@ async def run_rollout(
     steps = _StepStore(bool(return_contiguous))
     td = tensordict
     for i in range(max_steps):
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            await anyio.lowlevel.checkpoint()
         if break_when_all_done and i:
             td.set("_step", ~_done_mask(env, td))
         td = rand_action(td) if rand_action is not None else await call_policy(policy, td)  # type: ignore[arg-type]
         if auto_cast_to_device and device is not None:
             td = td.to(device)
-        if break_when_any_done or break_when_all_done:
+        if break_when_any_done or break_when_all_done or i == max_steps - 1:
+            # (the last step of a rollout that goes on through episode ends resets
+            # nothing: the env stays where the step left it, as TorchRL's does)
             if plain:
                 td = await env._step_checked(td, rand_action is None)
             else:

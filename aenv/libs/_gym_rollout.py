@@ -373,6 +373,8 @@ def _random_steps(
                     if stop:
                         ended = True
                         break
+                    if done_steps + j == steps:
+                        continue  # the rollout's last step: the env stays where it left it
                     # the next step's root observation (row 1 is the first step's, hence + 1)
                     resets[done_steps + j + 1] = _reset_obs(env)
             rec.obs_chunks.append(buf[:j] if j < size else buf)
@@ -425,7 +427,8 @@ async def _policy_steps(
         ended = False
         while j < size:
             out = policy(td_in)
-            if type(out) is not TensorDict:
+            if out is not td_in:
+                # (awaited, or merged into its input when out of place, as call_policy does)
                 out = await call_policy(lambda _td, _out=out: _out, td_in)
             ent = out._tensordict if type(out) is TensorDict else {}
             action = ent.get("action")
@@ -457,6 +460,11 @@ async def _policy_steps(
             truncs.append(truncated)
             if terminated or truncated:
                 if stop:
+                    j += 1
+                    ended = True
+                    break
+                if done_steps + j == steps - 1:
+                    # the rollout's last step: the env stays where it left it
                     j += 1
                     ended = True
                     break
@@ -597,11 +605,12 @@ async def _generic_tail(
             td = env._step_mdp(td)
             if _any_done(env, td):
                 break
+        elif i == max_steps - 1:
+            # the last step resets nothing: the env stays where the step left it
+            store.append(await env.step(td))
         else:
             td, nxt = await env.step_and_maybe_reset(td)
             store.append(td)
-            if i == max_steps - 1:
-                break
             td = nxt
     return store.finish()
 
@@ -620,7 +629,7 @@ async def rollout_whole(
     td = tensordict if tensordict is not None else await env.reset()
     td = await call_policy(act, td)
     nxt: TensorDictBase | None
-    if stop:
+    if stop or max_steps == 1:
         td = await env.step(td)
         nxt = env._step_mdp(td) if max_steps > 1 else None
     else:

@@ -324,7 +324,9 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         self, tensordict: TensorDictBase, outcomes: list[Any]
     ) -> TensorDictBase:
         """Record per-env ``(next, reset | None)`` outcomes of a whole-batch
-        ``step_and_maybe_reset`` in ``tensordict`` and return the next step's input."""
+        ``step_and_maybe_reset`` (or ``next`` outcomes of a ``step``) in ``tensordict`` and
+        return the next step's input."""
+        outcomes = [o if type(o) is tuple else (o, None) for o in outcomes]
         nxt = stack_results([o[0] for o in outcomes], self._lazy)
         tensordict.set("next", self._step_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
@@ -384,7 +386,10 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             return None
         steps = _StepStore(True)
         td = self.rand_action(tensordict)
-        op = "step_and_maybe_reset"
+        # every step but the last resets what it ended; the last leaves the envs where it
+        # left them (as the generic loop does)
+        smr = "step_and_maybe_reset"
+        op = "step" if max_steps == 1 else smr
         self._check_open()
         self._check_actions(td)
         t, bank, staged = 0, 0, False
@@ -402,6 +407,7 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             while call is not None:
                 action = None
                 if t + 1 < max_steps:
+                    op = "step" if t + 2 == max_steps else smr
                     # while step t runs, draw step t + 1's action (as the generic loop's
                     # rand_action draws it) and stage it in the other bank
                     rng = torch.get_rng_state()
@@ -451,11 +457,12 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         # the backend could not take a step stacked (a lost env, a broken worker): the
         # generic loop's steps from here on, the action of step ``t`` being in ``td``
         while True:
+            if t == max_steps - 1:
+                steps.append(await self.step(td))
+                return steps.finish()
             td, nxt = await self.step_and_maybe_reset(td)
             steps.append(td)
             t += 1
-            if t == max_steps:
-                return steps.finish()
             td = self.rand_action(nxt)
 
     def _stacked_proc_data(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:

@@ -487,7 +487,7 @@ async def test_given_tensordict_matches_generic(with_action, use_policy, break_w
     assert_same(firsts[0], firsts[1])
 
 
-async def test_given_done_tensordict_is_stepped():
+async def test_given_done_tensordict_is_reset_first():
     def done_td() -> TensorDictBase:
         return TensorDict(
             {
@@ -509,7 +509,10 @@ async def test_given_done_tensordict_is_stepped():
         outs.append(await env.rollout(50, auto_reset=False, tensordict=done_td()))
         await env.aclose()
     assert_same(*outs)
-    assert outs[0]["done"][0].item() and not outs[0]["done"][1:].any()
+    # what the input said was done was reset first (TorchRL's rule): the rollout starts
+    # from a fresh observation, not from the done input's
+    assert not outs[0]["done"].any()
+    assert outs[0]["observation"][0].abs().sum() > 0
 
 
 @pytest.mark.parametrize(
