@@ -159,8 +159,20 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         )
 
     n, w = int(cpu["n_envs"]), int(cpu["workers"])
-    row("aenv ProcessorAsyncEnvPool (async)", w, ours["env_steps_per_s"], ours["startup_s"])
-    row("aenv ParallelEnv (sync facade)", w, ours_sync["env_steps_per_s"], ours_sync["startup_s"])
+    # startup: the first pool of the process starts aenv's forkserver (one import of torch
+    # and aenv for every later pool); the facade is the second pool
+    row(
+        "aenv ProcessorAsyncEnvPool (async; first pool)",
+        w,
+        ours["env_steps_per_s"],
+        ours["startup_s"],
+    )
+    row(
+        "aenv ParallelEnv (sync facade; second pool)",
+        w,
+        ours_sync["env_steps_per_s"],
+        ours_sync["startup_s"],
+    )
     row("Gymnasium AsyncVectorEnv", n, gym_rate, gym.get("async_startup_s") if gym else None)
     row("TorchRL ParallelEnv", n, trl_rate, trl.get("startup_s") if trl else None)
     if envpool is not None:  # "where it installs": a C++ simulator, for scale

@@ -74,7 +74,7 @@ from aenv.pool._shm import (
 __all__ = ["DEFAULT_START_METHOD", "ProcessBackend"]
 
 #: Start method used when none is given (the ``AENV_START_METHOD`` variable overrides it).
-DEFAULT_START_METHOD = "spawn"
+DEFAULT_START_METHOD = "forkserver"
 _DUMP = pickle.HIGHEST_PROTOCOL
 _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
@@ -141,7 +141,10 @@ class ProcessBackend(ClosingMixin, Backend):
     Options (``backend_options=`` of the pool):
         num_workers: number of worker processes (default: ``min(num_envs, cpu_count)``).
         envs_per_worker: envs per worker instead (the last worker may hold fewer).
-        start_method: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``.
+        start_method: ``"forkserver"`` (default: workers are forked from a server process
+            that imported the worker module, torch and tensordict once, shared by the pools
+            of the process and safe beside a loop thread), ``"spawn"`` or ``"fork"``;
+            the ``AENV_START_METHOD`` environment variable sets the default.
         num_threads: ``torch.set_num_threads`` in each worker (default 1; None leaves it).
         restart_workers: respawn a worker that died (default True).
         replace_timeout: seconds a worker has to answer when one of its envs is given up

@@ -28,7 +28,7 @@ class ProcessorAsyncEnvPool(AsyncEnvPool):
             ``(num_envs, factory)`` pair.
         num_workers: worker processes (default ``min(num_envs, cpu_count)``).
         envs_per_worker: envs per worker, instead of ``num_workers``.
-        start_method: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``.
+        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
         **kwargs: as :class:`AsyncEnvPool` (``stack``, ``on_error``, ``step_timeout``,
             ``backend_options`` for the other backend options, ...).
 

@@ -20,8 +20,10 @@ class ParallelEnv(SyncEnv):
     fanned out to the sub-envs (``a, b, c, d = env.g``), ``rollout``, context manager,
     ``close()``. As in the seeds, ``num_workers`` counts sub-envs; how many processes host
     them is ``num_processes`` (default: one per CPU core, at most one per env) or
-    ``envs_per_worker``. Workers are started with ``spawn``: build the env under
-    ``if __name__ == "__main__":`` in scripts.
+    ``envs_per_worker``. Workers are forked from a server process that imported torch,
+    tensordict and aenv once (``forkserver``): the first pool of a process waits for that
+    import, later ones start in a fraction of a second. As with ``spawn``, build the env
+    under ``if __name__ == "__main__":`` in scripts.
 
     Args:
         num_workers: number of sub-envs.
@@ -30,7 +32,7 @@ class ParallelEnv(SyncEnv):
         create_env_kwargs: keyword arguments for the factories (one dict or one per env).
         num_processes: worker processes (default ``min(num_workers, cpu_count)``).
         envs_per_worker: sub-envs per worker process, instead of ``num_processes``.
-        start_method: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``.
+        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
         **pool_kwargs: passed to :class:`~aenv.pool.AsyncEnvPool` (``stack``,
             ``on_error``, ``step_timeout``, ``backend_options``, ...).
 
