@@ -15,7 +15,8 @@ from aenv.envs._rollout import _StepStore
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
 from aenv.pool._backend import Failure, Stacked, backend_class, normalize_backend_name
-from aenv.pool._dispatch import _Ticket
+from aenv.pool._dispatch import _Ticket, write_error
+from aenv.pool._per_env import PerEnvMixin
 from aenv.pool._stacking import split_inputs, stack_results
 from aenv.pool._stream import StreamMixin
 from aenv.specs import StackedComposite
@@ -47,7 +48,7 @@ def _normalize_fns(
     return [functools.partial(fn, **kw) if kw else fn for fn, kw in zip(fns, kws)]
 
 
-class AsyncEnvPool(StreamMixin, EnvBase):
+class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
     """Runs many envs as one async env, whole-batch or streaming as each env finishes.
 
     The pool's batch size is ``(num_envs, *sub_batch)`` and its specs are the sub-envs'
@@ -76,6 +77,11 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             is reported as truncated (``"done"`` and ``"truncated"`` set in its ``"next"``,
             which holds the fresh reset's observation); the error is kept in
             :attr:`last_errors`.
+            ``"observe"``: as ``"restart"``, and the error travels with the data: every
+            step's ``"next"`` holds ``"error_type"``, ``"error_message"`` and
+            ``"error_traceback"`` (non-tensor strings, empty when the step went well;
+            :data:`~aenv.pool.ERROR_KEYS`), so trajectories keep their errors. The pool
+            declares ``"truncated"`` done keys where the envs have none.
         step_timeout: seconds a step or reset may take; a late one is abandoned
             (coroutine backend: cancelled; thread backend: its thread is given up), the env
             is rebuilt from its factory, and the step is reported as a
@@ -127,8 +133,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             stack = "lazy"
         if stack not in ("dense", "lazy"):
             raise ValueError(f"stack must be 'dense' or 'lazy', got {stack!r}")
-        if on_error not in ("raise", "restart"):
-            raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
+        if on_error not in ("raise", "restart", "observe"):
+            raise ValueError(f"on_error must be 'raise', 'restart' or 'observe', got {on_error!r}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0, got {step_timeout}")
         if max_concurrency is not None and max_concurrency < 1:
@@ -154,6 +160,10 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         except BaseException:
             self._backend.abort()
             raise
+        if on_error == "observe" and not any(
+            unravel(key)[-1] == "truncated" for key in self.done_keys
+        ):
+            self.add_truncated_keys()
 
     def _setup_specs(self, metas: list[EnvMetaData], device: Any) -> None:
         sub_bs = metas[0].batch_size
@@ -244,6 +254,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             value = done_spec[key].zero()[i]
             last = unravel(key)[-1]
             nxt.set(key, value if last == "terminated" else torch.ones_like(value))
+        if self.on_error == "observe":
+            write_error(nxt, t.error)
         if t.op == "step_and_maybe_reset":
             return nxt, reset
         return nxt
@@ -584,9 +596,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         for t in self._tickets:
             if t is not None and t.timer is not None:
                 t.timer.cancel()
-        for fut in self._recv_waiters.values():
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+        for op in self._recv_waiters:
+            self._wake(op, None)
         await self._backend.aclose(self.close_timeout)
 
     async def close(self) -> None:
