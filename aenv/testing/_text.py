@@ -33,7 +33,9 @@ class GuessTextEnv(EnvBase):
     An answer equal to the target ends the episode terminated with reward 1; any other
     gets reward 0 and the env says "try again"; after ``max_steps`` answers the episode is
     truncated. ``median`` / ``sigma`` give each step a lognormal latency (awaited, from a
-    generator seeded by ``seed``), as a remote tool or sandbox would take.
+    generator seeded by ``seed``), as a remote tool or sandbox would take; a reset input
+    with a ``"latencies"`` tensor gives the episode's step latencies instead (one per step,
+    to replay a schedule).
 
     Example:
         >>> env = GuessTextEnv(max_steps=3)
@@ -70,6 +72,7 @@ class GuessTextEnv(EnvBase):
         )
         self.prompt = ""
         self.target = ""
+        self.schedule: list[float] | None = None
         self.text = ""
         self.count = 0
 
@@ -78,6 +81,8 @@ class GuessTextEnv(EnvBase):
 
     def draw_latency(self) -> float:
         """The next step's latency (seconds)."""
+        if self.schedule is not None:
+            return self.schedule[self.count] if self.count < len(self.schedule) else 0.0
         if self.median <= 0:
             return 0.0
         if self.sigma == 0:
@@ -89,6 +94,8 @@ class GuessTextEnv(EnvBase):
         self.target = _text(tensordict, "target", "")
         self.text = self.prompt
         self.count = 0
+        schedule = None if tensordict is None else tensordict.get("latencies", None)
+        self.schedule = None if schedule is None else schedule.reshape(-1).tolist()
         return TensorDict(
             {"text": NonTensorData(self.text), "prompt": NonTensorData(self.prompt)},
             batch_size=(),
