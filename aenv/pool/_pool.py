@@ -56,7 +56,10 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
     ``step_and_maybe_reset``, ``rollout``) touch only the envs selected by ``"_reset"`` /
     ``"_step"`` masks. Streaming calls (``async_step_send`` / ``async_step_recv`` and the
     same for reset and step_and_maybe_reset, :meth:`stream`) send work to some envs and
-    return results as envs finish, with an ``"env_index"`` entry.
+    return results as envs finish, with an ``"env_index"`` entry. Per-env calls
+    (:meth:`step_one`, :meth:`reset_one`, :meth:`step_and_maybe_reset_one`) await one env's
+    result, from any number of tasks at once (one coroutine per episode); :meth:`cancel`
+    stops one env's work and frees it.
 
     Args:
         env_fns: a list of env factories, or a ``(num_envs, factory)`` pair. Factories are
@@ -240,6 +243,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         for i in range(n):
             if tds[i] is None:
                 tds[i] = self._zero(i, kind).clone() if self._lazy else torch.zeros_like(ref)
+                if kind == "next" and self.on_error == "observe":
+                    write_error(tds[i], None)  # not the copied strings of env ``ref``'s error
         return stack_results(tds, self._lazy)
 
     def _env_selection(self, mask: torch.Tensor) -> torch.Tensor:

@@ -165,3 +165,15 @@ async def test_observe_per_env_step(backend):
         nxt = out["next"]
         assert nxt["truncated"].item() and nxt["done"].item()
         assert [nxt[k] for k in ERROR_KEYS[:2]] == ["ValueError", "bad move"]
+
+
+async def test_observe_partial_step_never_copies_another_envs_error(backend):
+    fns = [partial(FailingEnv, fail_after=1)] * 3
+    async with AsyncEnvPool(fns, backend=backend, on_error="observe") as pool:
+        td = await pool.reset()
+        td["_step"] = torch.tensor([True, False, True])
+        td = pool.step_mdp(await pool.rand_step(td))
+        td["_step"] = torch.tensor([True, True, False])
+        nxt = (await pool.rand_step(td))["next"]
+        assert nxt.get("error_type").tolist() == ["RuntimeError", "", ""]
+        assert nxt["truncated"].squeeze(-1).tolist() == [True, False, False]
