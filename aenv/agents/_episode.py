@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from aenv.pool._dispatch import error_fields
 
 __all__ = [
     "DONE_REASONS",
@@ -39,11 +40,7 @@ class ErrorInfo:
     @classmethod
     def from_exception(cls, exc: BaseException) -> ErrorInfo:
         """The error of ``exc`` (a sub-env's remote traceback where it has one)."""
-        remote = getattr(exc, "remote_traceback", None)
-        kind = getattr(exc, "remote_type", None) or type(exc).__name__
-        cause = exc.__cause__
-        message = str(cause) if remote and cause is not None else str(exc).split("\n\n")[0]
-        return cls(kind, message, remote or "".join(traceback.format_exception(exc)))
+        return cls(*error_fields(exc))
 
 
 @dataclasses.dataclass

@@ -19,7 +19,15 @@ from typing import Any
 from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
 
-__all__ = ["ERROR_KEYS", "STREAM_OPS", "_Batch", "_Dispatcher", "_Ticket", "write_error"]
+__all__ = [
+    "ERROR_KEYS",
+    "STREAM_OPS",
+    "_Batch",
+    "_Dispatcher",
+    "_Ticket",
+    "error_fields",
+    "write_error",
+]
 
 STREAM_OPS = ("step", "reset", "step_and_maybe_reset")
 
@@ -29,16 +37,19 @@ STREAM_OPS = ("step", "reset", "step_and_maybe_reset")
 ERROR_KEYS = ("error_type", "error_message", "error_traceback")
 
 
+def error_fields(err: BaseException) -> tuple[str, str, str]:
+    """An error as data: its type name, message and formatted traceback (for a sub-env's
+    :class:`~aenv.exceptions.EnvStepError`, those of the exception the env raised)."""
+    remote = getattr(err, "remote_traceback", None)
+    kind = getattr(err, "remote_type", None) or type(err).__name__
+    cause = err.__cause__ if isinstance(err, EnvStepError) else None
+    message = str(cause) if cause is not None else str(err).split("\n\nRemote traceback")[0]
+    return kind, message, remote or "".join(traceback.format_exception(err))
+
+
 def write_error(nxt: Any, err: BaseException | None) -> Any:
     """Write :data:`ERROR_KEYS` for ``err`` (or empty ones) into a step's ``"next"``."""
-    if err is None:
-        values = ("", "", "")
-    else:
-        kind = getattr(err, "remote_type", None) or type(err).__name__
-        cause = err.__cause__ if isinstance(err, EnvStepError) else None
-        message = str(cause) if cause is not None else str(err).split("\n\nRemote traceback")[0]
-        tb = getattr(err, "remote_traceback", None) or "".join(traceback.format_exception(err))
-        values = (kind, message, tb)
+    values = ("", "", "") if err is None else error_fields(err)
     for key, value in zip(ERROR_KEYS, values):
         nxt.set_non_tensor(key, value)
     return nxt

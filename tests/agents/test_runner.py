@@ -20,7 +20,7 @@ from aenv.agents import (
 from aenv.pool import AsyncEnvPool
 from aenv.testing import FailingEnv, GuessTextEnv
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(90)  # includes a process pool's start on a loaded machine
 
 PROMPTS = [{"prompt": f"{a} + {a} =", "target": str(2 * a)} for a in range(5)]
 

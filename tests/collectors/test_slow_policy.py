@@ -12,7 +12,7 @@ from aenv.collectors import Collector
 from aenv.pool import AsyncEnvPool
 from aenv.testing import CountingEnv
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(90)  # a process pool starts slowly on a loaded machine
 
 
 @pytest.mark.parametrize("backend", ["coroutine", "thread", "process"])
