@@ -20,6 +20,7 @@ from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
 from aenv.pool import ERROR_KEYS, AsyncEnvPool
+from aenv.sync import Runner, get_runner
 
 __all__ = ["Collected", "EpisodeStream", "collect_episodes", "run_episodes"]
 
@@ -311,17 +312,22 @@ class Collected:
 
 
 def collect_episodes(
-    pool: AsyncEnvPool, policy: Policy, prompts: Prompts, **kwargs: Any
+    pool: AsyncEnvPool,
+    policy: Policy,
+    prompts: Prompts,
+    *,
+    runner: Runner | None = None,
+    **kwargs: Any,
 ) -> Collected:
     """:func:`run_episodes` for scripts: runs every episode through aenv's loop runner
-    and returns them all (the pool lives on the runner's loop; create it in sync code).
+    (``runner``, default the shared one) and returns them all; ``kwargs`` are
+    :func:`run_episodes`'s. The pool lives on the runner's loop: create it in sync code.
 
     Example:
         >>> pool = AsyncEnvPool([GuessTextEnv] * 8)
         >>> out = collect_episodes(pool, policy, prompts, group_size=4)
         >>> len(out.groups)
     """
-    from aenv.sync import get_runner
 
     async def run() -> Collected:
         out = Collected([], [])
@@ -333,4 +339,4 @@ def collect_episodes(
                     out.episodes.append(item)
         return out
 
-    return get_runner().run(run)
+    return (runner or get_runner()).run(run)

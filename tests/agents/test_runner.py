@@ -186,3 +186,23 @@ def test_prompt_source_counts_and_checks():
         PromptSource(iter(PROMPTS), epochs=2)
     with pytest.raises(TypeError, match="prompt 0"):
         list(PromptSource(["not a dict"]))
+
+
+async def test_leaving_early_cancels_the_rest_and_frees_every_env(backend):
+    async def policy_(td):
+        td["action"] = td["target"]
+        return td
+
+    # the first episode's step is instant; the others' take 30 s in the env
+    prompts = [
+        dict(p, latencies=torch.tensor([0.0 if i == 0 else 30.0])) for i, p in enumerate(PROMPTS)
+    ]
+    pool = AsyncEnvPool([partial(GuessTextEnv, max_steps=4)] * 3, backend=backend)
+    async with pool:
+        async with run_episodes(pool, policy_, prompts) as stream:
+            async for item in stream:
+                assert isinstance(item, Episode) and item.prompt["prompt"] == "0 + 0 ="
+                break
+        assert all(t is None for t in pool._tickets)  # the 30 s steps were cancelled
+        with anyio.fail_after(10):
+            assert (await pool.reset_one(2))["text"] == ""  # usable at once
