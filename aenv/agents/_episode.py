@@ -128,7 +128,7 @@ class Episode:
         size = n if pad_to is None else pad_to
         if size < n:
             raise ValueError(f"pad_to={pad_to} is shorter than the episode ({n} turns)")
-        nexts = [t.observation for t in self.turns[1:]] + [self.final_observation]
+        nexts = [t.observation for t in self.turns[1:]] + [self.final_observation] if n else []
         td = TensorDict(batch_size=[size])
         _fill(td, (), [t.observation for t in self.turns], size)
         _fill(td, (), [t.action for t in self.turns], size)
@@ -203,7 +203,9 @@ def load_episodes(path: str | Path) -> list[Episode]:
 
 
 # ---------------------------------------------------------------------- helpers
-def _fill(td: TensorDictBase, prefix: tuple[str, ...], rows: list[dict[str, Any]], size: int):
+def _fill(
+    td: TensorDictBase, prefix: tuple[str, ...], rows: list[dict[str, Any]], size: int
+) -> None:
     """Write one column per key of ``rows`` (one dict per real step) into ``td``."""
     keys: dict[str, None] = {}
     for row in rows:
@@ -219,7 +221,7 @@ def _fill(td: TensorDictBase, prefix: tuple[str, ...], rows: list[dict[str, Any]
                 if v is not None:
                     column[i] = v
             td.set(key, column)
-        elif isinstance(sample, (bool, int, float)) and not isinstance(sample, str):
+        elif isinstance(sample, (bool, int, float)):
             column = torch.zeros(size, dtype=torch.as_tensor(sample).dtype)
             column[:n] = torch.tensor([0 if v is None else v for v in values])
             td.set(key, column)

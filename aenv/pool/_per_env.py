@@ -25,7 +25,9 @@ class PerEnvMixin(_Dispatcher):
     :class:`~aenv.pool.AsyncEnvPool`."""
 
     _sub_batch: torch.Size
+    _metas: Any  # the pool's, one EnvMetaData per env
     _check_open: Any  # EnvBase's
+    _next_input: Any  # StreamMixin's
 
     def _one_input(self, env_index: int, td: TensorDictBase | None) -> None:
         self._check_open()
@@ -93,6 +95,3 @@ class PerEnvMixin(_Dispatcher):
         if tensordict is None:
             return action  # type: ignore[no-any-return]
         return tensordict.update(action)
-
-    _metas: Any
-    _next_input: Any

@@ -103,6 +103,14 @@ def test_stack_episodes_of_different_lengths():
     assert td[1]["text"] == ["b obs 0", "", ""]
 
 
+def test_an_episode_without_turns_pads_to_all_masked():
+    ep = Episode(prompt={"prompt": "p"}, final_observation={"text": "p"}, done_reason="timeout")
+    td = ep.to_tensordict(pad_to=2)
+    assert td["mask"].tolist() == [False, False]
+    assert not td["next", "done"].any()
+    assert Episode.from_json(ep.to_json()) == ep
+
+
 def test_group_advantages_zero_mean_and_std():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0], [0.0, 3.0, 0.0, 0.0]])
     adv = group_advantages(rewards)
