@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from aenv.exceptions import SpecError
+
 NestedKey = str | tuple[str, ...]
 
 __all__ = [
@@ -138,6 +140,19 @@ def _all_false_singletons(names: list[str], *flags: Any) -> bool:
     return given == len(names)
 
 
+def _check_undeclared(get: Any, prefix: tuple[str, ...], names: list[str]) -> None:
+    """Refuse a done flag the spec lacks: left alone, it would be dropped and the episode
+    run past its end (an env returning ``truncated`` without declaring it)."""
+    for flag in ("done", "terminated", "truncated"):
+        if flag not in names and get(flag) is not None:
+            key = _ravel((*prefix, flag))
+            raise SpecError(
+                f"the env's output has a {key!r} entry, but its done spec declares only "
+                f"{[_ravel((*prefix, n)) for n in names]}; declare it in full_done_spec "
+                f"(for truncated: env.add_truncated_keys()) so that it is not ignored"
+            )
+
+
 def complete_done(
     td: TensorDictBase,
     groups: dict[tuple[str, ...], list[str]],
@@ -154,6 +169,8 @@ def complete_done(
         if sub is None:
             continue
         get = sub._tensordict.get if type(sub) is TensorDict else getter(sub)  # root-level names
+        if len(names) < 3:
+            _check_undeclared(get, prefix, names)
         has_term = "terminated" in names
         done: Any = get("done") if "done" in names else None
         term: Any = get("terminated") if has_term else None

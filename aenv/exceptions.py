@@ -8,6 +8,7 @@
     │   └── LockedSpecError (RuntimeError)     modifying a locked spec
     ├── EnvClosedError (RuntimeError)          using an env after aclose()
     ├── EnvBusyError (RuntimeError)            sending work to an env still working
+    ├── EnvCancelledError (RuntimeError)       a per-env call whose work pool.cancel() stopped
     ├── ResetNeededError (RuntimeError)        stepping an env that must be reset first
     ├── DoneAfterResetError (RuntimeError)     an env reported done right after a reset
     ├── BatchSizeError (ValueError)            wrong input batch size on a batch-locked env
@@ -28,6 +29,7 @@ __all__ = [
     "BatchSizeError",
     "DoneAfterResetError",
     "EnvBusyError",
+    "EnvCancelledError",
     "EnvClosedError",
     "EnvStepError",
     "LockedSpecError",
@@ -66,6 +68,14 @@ class EnvClosedError(AenvError, RuntimeError):
 
 class EnvBusyError(AenvError, RuntimeError):
     """Raised when work is sent to an env that is still working on earlier work."""
+
+    def __init__(self, message: str, *, env_index: int | None = None) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+
+
+class EnvCancelledError(AenvError, RuntimeError):
+    """Raised when a per-env pool call's work was stopped by ``pool.cancel(env_index)``."""
 
     def __init__(self, message: str, *, env_index: int | None = None) -> None:
         super().__init__(message)

@@ -30,9 +30,11 @@ import numpy as np
 
 __all__ = [
     "Timer",
+    "agent_schedule",
     "best_of",
     "expected_latency",
     "format_value",
+    "ideal_makespan",
     "ideal_throughput",
     "lognormal_latencies",
     "markdown_table",
@@ -106,6 +108,36 @@ class Timer:
         tb: TracebackType | None,
     ) -> None:
         self.elapsed = time.perf_counter() - self.start
+
+
+def agent_schedule(
+    seed: int,
+    n_episodes: int,
+    turns: int,
+    policy: tuple[float, float],
+    env: tuple[float, float],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The latencies of an agent-loop benchmark: ``(policy, env)`` arrays of shape
+    ``(n_episodes, turns)``, lognormal with the given ``(median, sigma)`` each, drawn from
+    one generator seeded by ``seed`` (policy first), so every framework replays the same."""
+    rng = np.random.default_rng(seed)
+    p = lognormal_latencies(rng, policy[0], policy[1], n_episodes * turns)
+    e = lognormal_latencies(rng, env[0], env[1], n_episodes * turns)
+    return p.reshape(n_episodes, turns), e.reshape(n_episodes, turns)
+
+
+def ideal_makespan(durations: Iterable[float], slots: int) -> float:
+    """Seconds to run jobs of these durations in order on ``slots`` workers, each worker
+    taking the next job the moment it is free, with zero overhead (list scheduling)."""
+    import heapq
+
+    free = [0.0] * slots
+    end = 0.0
+    for d in durations:
+        t = heapq.heappop(free) + float(d)
+        end = max(end, t)
+        heapq.heappush(free, t)
+    return end
 
 
 def best_of(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> float:

@@ -53,6 +53,7 @@ PEER_SCRIPTS: dict[str, str] = {
     "gym_vector_cartpole": "torchrl",
     "torchrl_gymenv_cartpole": "torchrl",
     "torchrl_collector_latency": "torchrl",
+    "torchrl_agents": "torchrl",
     "envpool_cartpole": "envpool",
 }
 

@@ -48,6 +48,12 @@ BENCHMARKS = [
         "Streaming collector vs lockstep vs TorchRL (256 latency envs)",
     ),
     (
+        "agents",
+        "bench_agents",
+        "Agent loops: 256 episodes x 8 turns, LLM and env latency (targets: >= 95% of ideal, "
+        ">= 1.8x lockstep)",
+    ),
+    (
         "scale",
         "bench_scale",
         "Scale: envs per process, latency spread, startup, memory, cost growth",

@@ -100,6 +100,10 @@ class Collector:
         streaming: stream on a pool (default: True for a pool of unbatched envs).
         min_batch: streaming: the fewest ready envs the policy waits for...
         max_wait: ...for at most this many seconds (None: no limit).
+        per_env_policy: streaming: call the policy once per env (each env's frame alone,
+            batch ``[1]``) rather than once per group of ready envs; for policies that
+            serve one request at a time (LLM calls). Either way the policy calls run
+            concurrently: a slow call delays only the envs it acts for.
         progress: show a progress bar of frames and frames/s (True, "tqdm" or "rich").
 
     Example:
@@ -143,6 +147,7 @@ class Collector:
         streaming: bool | None = None,
         min_batch: int = 1,
         max_wait: float | None = None,
+        per_env_policy: bool = False,
         progress: bool | str = False,
     ) -> None:
         if frames_per_batch < 1:
@@ -220,6 +225,7 @@ class Collector:
                 max_frames_per_traj=self.max_frames_per_traj,
                 min_batch=min_batch,
                 max_wait=max_wait,
+                per_env_policy=per_env_policy,
             )
         else:
             self._engine = LockstepEngine(

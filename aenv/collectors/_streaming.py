@@ -8,6 +8,11 @@ carrying its ``"env_index"`` and ``("collector", "traj_ids")``; a batch is the f
 ``frames_per_batch`` frames in arrival order, and frames beyond it open the next batch.
 Envs keep running between batches.
 
+Policy calls run concurrently, each in a task of its own: a slow call (an LLM request)
+delays only the envs it acts for, while the others keep stepping and being received. With
+``per_env_policy`` each env's frame gets its own call. A batch waits for the calls still
+running when it is full (their steps open the next batch).
+
 Envs whose trajectory ended are reset through ``async_reset_send`` (from their next input,
 with ``"_reset"``), and their reset results are picked up as they come. Trajectories cut by
 ``max_frames_per_traj`` are counted here, per env, since a pool's sub-envs cannot be
@@ -19,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import torch
+from anyio.abc import TaskGroup
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from aenv._mdp import time_named
@@ -73,6 +80,7 @@ class StreamingEngine:
         max_frames_per_traj: int | None,
         min_batch: int,
         max_wait: float | None,
+        per_env_policy: bool = False,
     ) -> None:
         if pool.batch_size[1:]:
             raise ValueError(
@@ -90,6 +98,11 @@ class StreamingEngine:
         self.max_frames = max_frames_per_traj
         self.min_batch = max(int(min_batch), 1)
         self.max_wait = max_wait
+        self.per_env_policy = per_env_policy
+        #: frames whose policy call runs, not yet sent
+        self.acting = 0
+        self._sent = anyio.Event()
+        self._act_error: Exception | None = None
         # sub-envs may lack the "truncated" flag a pool declares (add_truncated_keys, restarts)
         self._need_trunc = (
             set_truncated or max_frames_per_traj is not None or "truncated" in pool.done_keys
@@ -160,15 +173,16 @@ class StreamingEngine:
         chunks, self.carry = self.carry, []
         count = sum(c.batch_size[0] for c in chunks)
         cap = self.frames_per_batch
-        while count < cap:
-            if interruptor is not None and interruptor.collection_stopped():
-                break
-            ready, self.ready = self.ready, []
-            for td in ready:
-                td = await act(td, random)
-                self.pool.async_step_send(td)
-                self.in_flight += td.batch_size[0]
-            count += await self._receive(chunks)
+        async with anyio.create_task_group() as tg:
+            try:
+                count = await self._fill(tg, act, random, interruptor, chunks, count)
+            except Exception as exc:  # raised below, outside the task group (unwrapped)
+                self._act_error = exc
+            if self._act_error is not None:
+                tg.cancel_scope.cancel()
+        if self._act_error is not None:
+            err, self._act_error = self._act_error, None
+            raise err
         if not chunks:
             raise RuntimeError("the interruptor stopped collection before the first frame")
         if count > cap:
@@ -209,10 +223,51 @@ class StreamingEngine:
         where[last[last >= 0]] = True
         mark_truncated(out.get("next"), _TRUNC_KEYS, where)
 
+    async def _fill(
+        self,
+        tg: TaskGroup,
+        act: Act,
+        random: bool,
+        interruptor: Interruptor | None,
+        chunks: list[TensorDictBase],
+        count: int,
+    ) -> int:
+        """Act on ready envs and receive frames until the batch is full; the new count."""
+        while count < self.frames_per_batch:
+            if interruptor is not None and interruptor.collection_stopped():
+                break
+            ready, self.ready = self.ready, []
+            for td in ready:
+                pieces = td.split(1, 0) if self.per_env_policy else (td,)
+                for piece in pieces:
+                    self.acting += piece.batch_size[0]
+                    tg.start_soon(self._act_and_send, act, piece, random)
+            count += await self._receive(chunks)
+            if self._act_error is not None:
+                break
+        return count
+
+    async def _act_and_send(self, act: Act, td: TensorDictBase, random: bool) -> None:
+        n = td.batch_size[0]
+        try:
+            td = await act(td, random)
+            self.pool.async_step_send(td)
+            self.in_flight += n
+        except Exception as exc:  # raised by collect(), outside the task group
+            self._act_error = exc
+        finally:
+            self.acting -= n
+            self._sent.set()
+
     # ------------------------------------------------------------------ receiving
     async def _receive(self, chunks: list[TensorDictBase]) -> int:
         """Wait for the next results; returns how many frames went into ``chunks``."""
         pool = self.pool
+        if not self.in_flight and not self.resetting and self.acting:
+            # nothing to receive until a policy call sends its step
+            self._sent = anyio.Event()
+            await self._sent.wait()
+            return 0
         if self.resetting:
             if self.in_flight:
                 try:  # take finished resets without waiting: steps are what we wait for

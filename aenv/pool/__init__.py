@@ -7,11 +7,13 @@ Backends plug in by name through :mod:`aenv.pool._backend` (its docstring is the
 from __future__ import annotations
 
 from aenv.pool._backend import BACKENDS, Backend, Failure, backend_class
+from aenv.pool._dispatch import ERROR_KEYS
 from aenv.pool._pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
 from aenv.pool._process_pool import ProcessorAsyncEnvPool
 
 __all__ = [
     "BACKENDS",
+    "ERROR_KEYS",
     "AsyncEnvPool",
     "Backend",
     "CoroutineAsyncEnvPool",

@@ -81,6 +81,14 @@ class CoroutineBackend(Backend):
             self._deliver(env_index, outcome)
 
     def cancel(self, env_index: int) -> bool:
+        if not self._drop_task(env_index):
+            return False
+        if self.envs[env_index].blocking:
+            # its worker thread cannot be stopped and would go on using the env: give it up
+            self._rebuild(env_index)
+        return True
+
+    def _drop_task(self, env_index: int) -> bool:
         task = self._tasks.pop(env_index, None)
         if task is None:
             return False
@@ -90,7 +98,10 @@ class CoroutineBackend(Backend):
         return True
 
     def replace(self, env_index: int) -> None:
-        self.cancel(env_index)
+        self._drop_task(env_index)
+        self._rebuild(env_index)
+
+    def _rebuild(self, env_index: int) -> None:
         old = self.envs[env_index]
         self.envs[env_index] = _build(self.env_fns[env_index])
         closer = asyncio.get_running_loop().create_task(_quiet_close(old))
@@ -145,9 +156,19 @@ class CoroutineBackend(Backend):
             if step_timeout is None:
                 outcomes[pos] = await execute(env, op, payload)
                 return
-            with anyio.move_on_after(step_timeout) as scope:
-                outcomes[pos] = await execute(env, op, payload)
-            if scope.cancelled_caught:
+            # a task of the backend's, not awaited in this scope: a blocking env's worker
+            # thread cannot be cancelled, and the deadline must not wait for it
+            task = asyncio.get_running_loop().create_task(execute(env, op, payload))
+            self._tasks[env_index] = task
+            try:
+                await asyncio.wait((task,), timeout=step_timeout)
+            except BaseException:
+                self.cancel(env_index)
+                raise
+            if task.done():
+                self._tasks.pop(env_index, None)
+                outcomes[pos] = task.result()
+            else:
                 self.replace(env_index)
                 outcomes[pos] = Failure(
                     StepTimeoutError(

@@ -11,16 +11,50 @@ except in :meth:`_Dispatcher._run_generic`.
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aenv.exceptions import EnvBusyError, EnvStepError, StepTimeoutError
+from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
 
-__all__ = ["STREAM_OPS", "_Batch", "_Dispatcher", "_Ticket"]
+__all__ = [
+    "ERROR_KEYS",
+    "STREAM_OPS",
+    "_Batch",
+    "_Dispatcher",
+    "_Ticket",
+    "error_fields",
+    "write_error",
+]
 
 STREAM_OPS = ("step", "reset", "step_and_maybe_reset")
+
+#: With ``on_error="observe"``, the entries of every step's ``"next"`` that describe the
+#: step's error (empty strings when it went well): the exception's type name, its message
+#: and its formatted traceback (from the process or thread where it was raised).
+ERROR_KEYS = ("error_type", "error_message", "error_traceback")
+
+
+def error_fields(err: BaseException) -> tuple[str, str, str]:
+    """An error as data: its type name, message and formatted traceback (for a sub-env's
+    :class:`~aenv.exceptions.EnvStepError`, those of the exception the env raised)."""
+    remote = getattr(err, "remote_traceback", None)
+    kind = getattr(err, "remote_type", None) or type(err).__name__
+    cause = err.__cause__ if isinstance(err, EnvStepError) else None
+    message = str(cause) if cause is not None else str(err).split("\n\nRemote traceback")[0]
+    return kind, message, remote or "".join(traceback.format_exception(err))
+
+
+def write_error(nxt: Any, err: BaseException | None) -> Any:
+    """Write :data:`ERROR_KEYS` for ``err`` (or empty ones) into a step's ``"next"``."""
+    values = ("", "", "") if err is None else error_fields(err)
+    for key, value in zip(ERROR_KEYS, values):
+        nxt.set_non_tensor(key, value)
+    return nxt
+
+
 _TIMED_OPS = frozenset(STREAM_OPS)
 _RESTARTABLE = frozenset(("step", "step_and_maybe_reset"))
 
@@ -44,6 +78,7 @@ class _Ticket:
     __slots__ = (
         "batch",
         "error",
+        "future",
         "index",
         "launched",
         "op",
@@ -65,6 +100,8 @@ class _Ticket:
         self.orphan = False
         self.restarting = False
         self.error: BaseException | None = None
+        # set for a per-env call (``pool.step_one``): the outcome goes straight to it
+        self.future: asyncio.Future[Any] | None = None
 
 
 #: Marks the envs of a whole-batch call on a backend's fast path.
@@ -91,7 +128,10 @@ class _Dispatcher:
         self._orphan_waiter: asyncio.Future[None] | None = None
         self._ready: dict[str, deque[tuple[int, Any, _Ticket]]] = {op: deque() for op in STREAM_OPS}
         self._streaming = dict.fromkeys(STREAM_OPS, 0)
-        self._recv_waiters: dict[str, asyncio.Future[None] | None] = dict.fromkeys(STREAM_OPS)
+        # per op: the futures of the receivers waiting, by the env they wait for (None: any)
+        self._recv_waiters: dict[str, dict[int | None, list[asyncio.Future[None]]]] = {
+            op: {} for op in STREAM_OPS
+        }
         self.last_errors = {}
 
     # ------------------------------------------------------------------ errors
@@ -197,7 +237,7 @@ class _Dispatcher:
             err = self._to_error(i, "reset after a restart" if t.restarting else t.op, outcome)
             self.last_errors[i] = err
             if (
-                self.on_error == "restart"
+                self.on_error != "raise"
                 and t.op in _RESTARTABLE
                 and not t.restarting
                 and not t.orphan
@@ -217,8 +257,13 @@ class _Dispatcher:
             outcome = Failure(err, outcome.traceback)
         elif t.restarting:
             outcome = self._restart_result(i, t, outcome)
+        elif self.on_error == "observe" and t.op in _RESTARTABLE:
+            outcome = self._observed(outcome)
         self._release(t)
-        if t.orphan:
+        if t.future is not None:
+            if not t.future.done():
+                t.future.set_result(outcome)
+        elif t.orphan:
             self._orphans -= 1
             if not self._orphans and self._orphan_waiter is not None:
                 if not self._orphan_waiter.done():
@@ -228,11 +273,78 @@ class _Dispatcher:
         else:
             self._streaming[t.op] -= 1
             self._ready[t.op].append((i, outcome, t))
-            waiter = self._recv_waiters[t.op]
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            self._wake(t.op, i)
         if self._waiting:
             self._pump()
+
+    def _observed(self, outcome: Any) -> Any:
+        """A step that went well, under ``on_error="observe"``: empty error entries."""
+        write_error(outcome[0] if isinstance(outcome, tuple) else outcome, None)
+        return outcome
+
+    def _wake(self, op: str, i: int | None) -> None:
+        """Wake the receivers of ``op`` waiting for env ``i`` and those waiting for any
+        env (``i=None``: every receiver of ``op``); each checks again what it waits for."""
+        waiters = self._recv_waiters[op]
+        for key in list(waiters) if i is None else (i, None):
+            for fut in waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    # ------------------------------------------------------------------ cancelling
+    def cancel(self, env_index: int) -> bool:
+        """Stop env ``env_index``'s streamed or per-env operation and free the env at once.
+
+        The env can be sent work again right away. Where the backend cannot stop the work
+        in flight (a thread running sync code), the env is given up and rebuilt from its
+        factory; either way its episode was interrupted, so reset it before stepping it
+        again. A receiver waiting for that env's result gets a :class:`RuntimeError`; the
+        per-env call awaiting it (``step_one``...) gets
+        :class:`~aenv.exceptions.EnvCancelledError`. Whole-batch calls are cancelled by
+        cancelling their caller. Returns False when the env had no such work.
+        """
+        if not 0 <= env_index < self.num_envs:
+            raise IndexError(f"env index {env_index} out of range for a pool of {self.num_envs}")
+        t = self._tickets[env_index]
+        if t is None or t is _FAST or t.batch is not None or t.orphan:
+            return False
+        self._drop(t)
+        if t.future is not None:
+            if not t.future.done():
+                t.future.set_exception(
+                    EnvCancelledError(
+                        f"env {env_index}: its {t.op} was cancelled by pool.cancel()",
+                        env_index=env_index,
+                    )
+                )
+        else:
+            self._streaming[t.op] -= 1
+            self._wake(t.op, env_index)
+        return True
+
+    def _drop(self, t: _Ticket) -> None:
+        """Stop ``t``'s work and free its env now (rebuilt where the work cannot stop)."""
+        if t.launched and not self._backend.cancel(t.index):
+            self._backend.replace(t.index)
+        self._release(t)
+        if self._waiting:
+            self._pump()
+
+    async def _run_one(self, op: str, i: int, payload: Any) -> Any:
+        """``op`` on env ``i`` alone: its outcome (result or Failure). A cancelled caller
+        stops the work and frees the env (see :meth:`cancel`)."""
+        if self._orphans:
+            await self._wait_orphans()
+        self._check_free((i,))
+        t = _Ticket(i, op, payload, None, 0)
+        fut = t.future = asyncio.get_running_loop().create_future()
+        self._enqueue(t)
+        try:
+            return await fut
+        except BaseException:
+            if self._tickets[i] is t:
+                self._drop(t)
+            raise
 
     # ------------------------------------------------------------------ whole batch
     async def _run_ops(self, op: str, indices: Sequence[int], payloads: Sequence[Any]) -> list[Any]:

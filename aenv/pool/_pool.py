@@ -16,7 +16,8 @@ from aenv.envs._rollout import _StepStore
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
 from aenv.pool._backend import Failure, Stacked, backend_class, normalize_backend_name
-from aenv.pool._dispatch import _Ticket
+from aenv.pool._dispatch import _Ticket, write_error
+from aenv.pool._per_env import PerEnvMixin
 from aenv.pool._stacking import split_inputs, stack_results
 from aenv.pool._stream import StreamMixin
 from aenv.specs import StackedComposite
@@ -48,7 +49,7 @@ def _normalize_fns(
     return [functools.partial(fn, **kw) if kw else fn for fn, kw in zip(fns, kws)]
 
 
-class AsyncEnvPool(StreamMixin, EnvBase):
+class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
     """Runs many envs as one async env, whole-batch or streaming as each env finishes.
 
     The pool's batch size is ``(num_envs, *sub_batch)`` and its specs are the sub-envs'
@@ -56,7 +57,10 @@ class AsyncEnvPool(StreamMixin, EnvBase):
     ``step_and_maybe_reset``, ``rollout``) touch only the envs selected by ``"_reset"`` /
     ``"_step"`` masks. Streaming calls (``async_step_send`` / ``async_step_recv`` and the
     same for reset and step_and_maybe_reset, :meth:`stream`) send work to some envs and
-    return results as envs finish, with an ``"env_index"`` entry.
+    return results as envs finish, with an ``"env_index"`` entry. Per-env calls
+    (:meth:`step_one`, :meth:`reset_one`, :meth:`step_and_maybe_reset_one`) await one env's
+    result, from any number of tasks at once (one coroutine per episode); :meth:`cancel`
+    stops one env's work and frees it.
 
     Args:
         env_fns: a list of env factories, or a ``(num_envs, factory)`` pair. Factories are
@@ -77,6 +81,11 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             is reported as truncated (``"done"`` and ``"truncated"`` set in its ``"next"``,
             which holds the fresh reset's observation); the error is kept in
             :attr:`last_errors`.
+            ``"observe"``: as ``"restart"``, and the error travels with the data: every
+            step's ``"next"`` holds ``"error_type"``, ``"error_message"`` and
+            ``"error_traceback"`` (non-tensor strings, empty when the step went well;
+            :data:`~aenv.pool.ERROR_KEYS`), so trajectories keep their errors. The pool
+            declares ``"truncated"`` done keys where the envs have none.
         step_timeout: seconds a step or reset may take; a late one is abandoned
             (coroutine backend: cancelled; thread backend: its thread is given up), the env
             is rebuilt from its factory, and the step is reported as a
@@ -128,8 +137,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             stack = "lazy"
         if stack not in ("dense", "lazy"):
             raise ValueError(f"stack must be 'dense' or 'lazy', got {stack!r}")
-        if on_error not in ("raise", "restart"):
-            raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
+        if on_error not in ("raise", "restart", "observe"):
+            raise ValueError(f"on_error must be 'raise', 'restart' or 'observe', got {on_error!r}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0, got {step_timeout}")
         if max_concurrency is not None and max_concurrency < 1:
@@ -155,6 +164,10 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         except BaseException:
             self._backend.abort()
             raise
+        if on_error == "observe" and not any(
+            unravel(key)[-1] == "truncated" for key in self.done_keys
+        ):
+            self.add_truncated_keys()
 
     def _setup_specs(self, metas: list[EnvMetaData], device: Any) -> None:
         sub_bs = metas[0].batch_size
@@ -231,6 +244,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         for i in range(n):
             if tds[i] is None:
                 tds[i] = self._zero(i, kind).clone() if self._lazy else torch.zeros_like(ref)
+                if kind == "next" and self.on_error == "observe":
+                    write_error(tds[i], None)  # not the copied strings of env ``ref``'s error
         return stack_results(tds, self._lazy)
 
     def _env_selection(self, mask: torch.Tensor) -> torch.Tensor:
@@ -245,6 +260,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
             value = done_spec[key].zero()[i]
             last = unravel(key)[-1]
             nxt.set(key, value if last == "terminated" else torch.ones_like(value))
+        if self.on_error == "observe":
+            write_error(nxt, t.error)
         if t.op == "step_and_maybe_reset":
             return nxt, reset
         return nxt
@@ -592,9 +609,8 @@ class AsyncEnvPool(StreamMixin, EnvBase):
         for t in self._tickets:
             if t is not None and t.timer is not None:
                 t.timer.cancel()
-        for fut in self._recv_waiters.values():
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+        for op in self._recv_waiters:
+            self._wake(op, None)
         await self._backend.aclose(self.close_timeout)
 
     async def close(self) -> None:

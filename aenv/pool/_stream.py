@@ -174,16 +174,30 @@ class StreamMixin(_Dispatcher):
         while self._streaming[op] or self._ready[op]:
             yield await self._recv(op, 1, max_get, None, None)
 
-    async def _wait_ready(self, op: str, enough: Any) -> None:
+    async def _wait_ready(
+        self, op: str, key: int | None, enough: Callable[[], bool], lost: Callable[[], str | None]
+    ) -> None:
+        """Wait until ``enough()``; raise when ``lost()`` says it can no longer come. Each
+        receiver has a future of its own, filed under the env it waits for (``key``), so
+        any number of them can wait at once."""
         loop = asyncio.get_running_loop()
+        waiters = self._recv_waiters[op]
         while not enough():
             if self.is_closed:  # type: ignore[attr-defined]
                 raise EnvClosedError("the pool was closed while waiting for results")
-            fut = self._recv_waiters[op] = loop.create_future()
+            why = lost()
+            if why is not None:
+                raise RuntimeError(why)
+            fut: asyncio.Future[None] = loop.create_future()
+            waiters.setdefault(key, []).append(fut)
             try:
                 await fut
             finally:
-                self._recv_waiters[op] = None
+                mine = waiters.get(key)
+                if mine is not None and fut in mine:
+                    mine.remove(fut)
+                    if not mine:
+                        del waiters[key]
 
     async def _recv(
         self,
@@ -199,28 +213,35 @@ class StreamMixin(_Dispatcher):
             def enough() -> bool:
                 return any(item[0] == env_index for item in ready)
 
-            if not enough() and not any(
-                t is not None and t.index == env_index and t.batch is None and t.op == op
-                for t in self._tickets
-            ):
-                raise RuntimeError(f"no {op} was sent to env {env_index}")
+            def lost() -> str | None:
+                t = self._tickets[env_index]
+                if t is not None and t.batch is None and t.future is None and t.op == op:
+                    return None
+                return f"no {op} was sent to env {env_index} (or it was cancelled)"
+
         else:
-            available = len(ready) + self._streaming[op]
-            if min_get > available:
-                raise RuntimeError(
-                    f"cannot wait for {min_get} {op} result(s): only {available} sent and not "
-                    "yet received"
-                )
 
             def enough() -> bool:
                 return len(ready) >= min_get
 
+            def lost() -> str | None:
+                available = len(ready) + self._streaming[op]
+                if min_get <= available:
+                    return None
+                return (
+                    f"cannot wait for {min_get} {op} result(s): only {available} sent and not "
+                    "yet received"
+                )
+
         if not enough():
+            why = lost()
+            if why is not None:
+                raise RuntimeError(why)
             scope = (
                 anyio.fail_after(deadline_s) if deadline_s is not None else contextlib.nullcontext()
             )
             with scope:
-                await self._wait_ready(op, enough)
+                await self._wait_ready(op, env_index, enough, lost)
         if env_index is not None:
             item = next(it for it in ready if it[0] == env_index)
             ready.remove(item)
@@ -234,6 +255,13 @@ class StreamMixin(_Dispatcher):
                 raise item[1].exc
         return self._stack_stream(op, items)
 
+    def _next_input(self, stepped: TensorDictBase, reset: TensorDictBase | None) -> TensorDictBase:
+        """One env's next input after a step-and-maybe-reset: its reset where it had one."""
+        nxt_input: TensorDictBase = self._step_mdp(stepped)  # type: ignore[attr-defined]
+        if reset is not None:
+            nxt_input.update(reset)
+        return nxt_input
+
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
         idx = torch.tensor([it[0] for it in items], dtype=torch.int64)
         if self._sub_batch:
@@ -245,20 +273,14 @@ class StreamMixin(_Dispatcher):
         stepped = []
         for _, result, t in items:
             sent = t.payload
-            nxt, reset = (result, None) if op == "step" else result
+            nxt = result if op == "step" else result[0]
             sent.set("next", nxt)
             stepped.append(sent)
         out = stack_results(stepped, self._lazy)
         out.set("env_index", idx)
         if op == "step":
             return out
-        nexts = []
-        for (_, result, _), sent in zip(items, stepped):
-            nxt_input = self._step_mdp(sent)  # type: ignore[attr-defined]
-            reset = result[1]
-            if reset is not None:
-                nxt_input.update(reset)
-            nexts.append(nxt_input)
+        nexts = [self._next_input(sent, result[1]) for (_, result, _), sent in zip(items, stepped)]
         nxt_out = stack_results(nexts, self._lazy)
         nxt_out.set("env_index", idx.clone())
         return out, nxt_out

@@ -11,12 +11,14 @@ from aenv.testing._mocks import (
     TextEnv,
     latency_ideal_steps,
 )
+from aenv.testing._text import GuessTextEnv
 
 __all__ = [
     "CpuBoundEnv",
     "CountingEnv",
     "DynamicSpecEnv",
     "FailingEnv",
+    "GuessTextEnv",
     "HangingEnv",
     "LatencyEnv",
     "NestedCountingEnv",

@@ -1,0 +1,342 @@
+"""The episode runner: one coroutine per episode over a pool, groups as they complete."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import anyio
+import torch
+from anyio.abc import TaskGroup
+from tensordict import NonTensorData, TensorDictBase
+
+from aenv._mdp import unravel
+from aenv.agents._episode import Episode, ErrorInfo, Turn
+from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
+from aenv.agents._policy import BatchedPolicy
+from aenv.pool import ERROR_KEYS, AsyncEnvPool
+from aenv.sync import Runner, get_runner
+
+__all__ = ["Collected", "EpisodeStream", "collect_episodes", "run_episodes"]
+
+Policy = Callable[[TensorDictBase], Awaitable[TensorDictBase | None] | TensorDictBase | None]
+Prompts = PromptSource | Iterable[Mapping[str, Any] | TensorDictBase]
+
+
+def _name(key: Any) -> str:
+    return ".".join(unravel(key))
+
+
+def _value(value: Any) -> Any:
+    """A stored copy of one entry: text as ``str``, tensors cloned."""
+    if isinstance(value, NonTensorData):
+        value = value.data
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, TensorDictBase):  # a non-tensor stack
+        return value.tolist()
+    return value
+
+
+def _pick(td: TensorDictBase, keys: list[Any]) -> dict[str, Any]:
+    out = {}
+    for key in keys:
+        value = td.get(key, None)
+        if value is not None:
+            out[_name(key)] = _value(value)
+    return out
+
+
+def _plain(prompt: Mapping[str, Any] | TensorDictBase) -> dict[str, Any]:
+    if isinstance(prompt, TensorDictBase):
+        return {_name(k): _value(prompt.get(k)) for k in prompt.keys(True, True)}
+    return {str(k): _value(v) for k, v in prompt.items()}
+
+
+class EpisodeStream:
+    """The episodes (and groups) of :func:`run_episodes`, as they finish.
+
+    Use it as ``async with run_episodes(...) as stream: async for item in stream``. Each
+    item is an :class:`Episode` (in finish order) or, right after the episode that
+    completes it, its :class:`Group` (``emit`` picks which of the two come). Leaving the
+    ``async with`` early cancels the episodes still running (their envs are freed).
+    """
+
+    def __init__(
+        self,
+        pool: AsyncEnvPool,
+        policy: Policy,
+        prompts: Prompts,
+        *,
+        group_size: int = 1,
+        max_concurrent_episodes: int | None = None,
+        episode_timeout: float | None = None,
+        max_turns: int | None = None,
+        epochs: int = 1,
+        emit: str = "both",
+    ) -> None:
+        if emit not in ("both", "episodes", "groups"):
+            raise ValueError(f"emit must be 'both', 'episodes' or 'groups', got {emit!r}")
+        if max_concurrent_episodes is not None and max_concurrent_episodes < 1:
+            raise ValueError(f"max_concurrent_episodes must be >= 1, got {max_concurrent_episodes}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if episode_timeout is not None and episode_timeout <= 0:
+            raise ValueError(f"episode_timeout must be > 0, got {episode_timeout}")
+        if isinstance(prompts, PromptSource):
+            if group_size != 1 or epochs != 1:
+                raise ValueError("pass group_size and epochs to the PromptSource, not here")
+            self.source = prompts
+        else:
+            self.source = PromptSource(prompts, group_size=group_size, epochs=epochs)
+        self.pool = pool
+        self.policy = policy
+        cap = pool.num_envs
+        self.concurrency = min(cap, max_concurrent_episodes or cap)
+        self.episode_timeout = episode_timeout
+        self.max_turns = max_turns
+        self.emit = emit
+        self._tg: TaskGroup | None = None
+        self._receive: Any = None
+        self._groups: dict[int, list[Episode]] = {}
+        self._obs_keys = [k for k in pool.observation_keys]
+        self._action_keys = list(pool.action_keys)
+        self._reward_keys = list(pool.reward_keys)
+        self._done_flags = {
+            name: [k for k in pool.done_keys if unravel(k)[-1] == name]
+            for name in ("done", "terminated", "truncated")
+        }
+
+    async def __aenter__(self) -> EpisodeStream:
+        send, self._receive = anyio.create_memory_object_stream[Episode | Group](math.inf)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._feed, send)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        tg.cancel_scope.cancel()  # the consumer left: stop what still runs
+        try:
+            return await tg.__aexit__(*exc)
+        finally:
+            self._receive.close()
+
+    def __aiter__(self) -> EpisodeStream:
+        return self
+
+    async def __anext__(self) -> Episode | Group:
+        if self._tg is None:
+            raise RuntimeError("use the stream inside `async with run_episodes(...) as stream`")
+        try:
+            return await self._receive.receive()  # type: ignore[no-any-return]
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    # ------------------------------------------------------------------ running
+    async def _feed(self, send: Any) -> None:
+        free_send, free = anyio.create_memory_object_stream[int](math.inf)
+        for i in range(self.concurrency):
+            free_send.send_nowait(i)
+        async with send, contextlib.AsyncExitStack() as stack:
+            if isinstance(self.policy, BatchedPolicy) and not self.policy.running:
+                await stack.enter_async_context(self.policy)
+            async with anyio.create_task_group() as episodes:
+                for spec in self.source:
+                    env_index = await free.receive()
+                    episodes.start_soon(self._episode, spec, env_index, free_send, send)
+
+    async def _episode(self, spec: EpisodeSpec, env_index: int, free: Any, send: Any) -> None:
+        ep = Episode(
+            prompt=_plain(spec.prompt),
+            prompt_index=spec.prompt_index,
+            epoch=spec.epoch,
+            group=spec.group,
+            env_index=env_index,
+            started_at=time.time(),
+        )
+        try:
+            with anyio.CancelScope() as scope:
+                if self.episode_timeout is not None:
+                    scope.deadline = anyio.current_time() + self.episode_timeout
+                await self._play(ep, spec, env_index)
+            if scope.cancelled_caught:
+                ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
+                if ep.turns:
+                    ep.turns[-1].truncated = True
+        except Exception as exc:
+            # the env (on_error="raise") or the policy failed: the episode keeps the error
+            ep.done_reason = "error"
+            ep.error = ErrorInfo.from_exception(exc)
+        ep.ended_at = time.time()
+        free.send_nowait(env_index)
+        self._finish(ep, send)
+
+    async def _play(self, ep: Episode, spec: EpisodeSpec, env_index: int) -> None:
+        pool = self.pool
+        td = await pool.reset_one(env_index, prompt_tensordict(spec.prompt, pool._sub_batch))
+        ep.final_observation = _pick(td, self._obs_keys)
+        clock = time.perf_counter
+        while True:
+            if self.max_turns is not None and len(ep.turns) >= self.max_turns:
+                ep.done_reason = "max_turns"
+                if ep.turns:
+                    ep.turns[-1].truncated = True
+                return
+            obs = ep.final_observation
+            t0 = clock()
+            out = self.policy(td)
+            if inspect.isawaitable(out):
+                out = await out
+            td = td if out is None else out
+            t1 = clock()
+            stepped = await pool.step_one(env_index, td)
+            t2 = clock()
+            nxt = stepped.get("next")
+            terminated = self._flag(nxt, "terminated")
+            truncated = self._flag(nxt, "truncated")
+            done = terminated or truncated or self._flag(nxt, "done")
+            ep.turns.append(
+                Turn(
+                    observation=obs,
+                    action=_pick(td, self._action_keys),
+                    reward=_pick(nxt, self._reward_keys),
+                    terminated=terminated,
+                    truncated=truncated or (done and not terminated),
+                    policy_s=t1 - t0,
+                    env_s=t2 - t1,
+                )
+            )
+            ep.final_observation = _pick(nxt, self._obs_keys)
+            kind = nxt.get(ERROR_KEYS[0], None)
+            if kind is not None and _value(kind):
+                # a failed step observed (on_error="observe"): the env was rebuilt
+                ep.error = ErrorInfo(*(str(_value(nxt.get(k))) for k in ERROR_KEYS))
+                ep.done_reason = "error"
+                return
+            if done:
+                ep.done_reason = "terminated" if terminated else "truncated"
+                return
+            td = pool.step_mdp(stepped)
+
+    def _flag(self, nxt: TensorDictBase, name: str) -> bool:
+        for key in self._done_flags[name]:
+            value = nxt.get(key, None)
+            if value is not None and bool(value.any()):
+                return True
+        return False
+
+    def _finish(self, ep: Episode, send: Any) -> None:
+        if self.emit != "groups":
+            send.send_nowait(ep)
+        members = self._groups.setdefault(ep.group, [])
+        members.append(ep)
+        if len(members) == self.source.group_size:
+            del self._groups[ep.group]
+            if self.emit != "episodes":
+                send.send_nowait(
+                    Group(ep.group, ep.prompt_index, ep.epoch, dict(ep.prompt), members)
+                )
+
+
+def run_episodes(
+    pool: AsyncEnvPool,
+    policy: Policy,
+    prompts: Prompts,
+    *,
+    group_size: int = 1,
+    max_concurrent_episodes: int | None = None,
+    episode_timeout: float | None = None,
+    max_turns: int | None = None,
+    epochs: int = 1,
+    emit: str = "both",
+) -> EpisodeStream:
+    """Run one coroutine per episode over ``pool``; stream episodes and groups as they end.
+
+    Each prompt (a dict or TensorDict handed to the env's reset) is run ``group_size``
+    times per epoch. An episode takes a free env, resets it with its prompt, and then
+    alternates ``await policy(td)`` (one env's tensordict in, the same with its action
+    out) and ``await pool.step_one(i, td)`` until the env says done or a budget runs out;
+    its env then goes to the next prompt. At most ``max_concurrent_episodes`` (default:
+    the pool's size) run at once.
+
+    Args:
+        pool: any :class:`~aenv.pool.AsyncEnvPool` (coroutine, thread or process backend).
+            With ``on_error="observe"`` a failed env step ends its episode with the error
+            kept (``done_reason="error"``); with ``"raise"`` it does too, and the env is
+            reset by the next episode.
+        policy: an async (or sync) callable on one env's tensordict that sets the action
+            entries (returning the tensordict, or None when it fills it in place), or a
+            :class:`BatchedPolicy` to serve many episodes per call.
+        prompts: a :class:`PromptSource`, or any sequence / iterable of prompts.
+        group_size: episodes per prompt per epoch (a group).
+        max_concurrent_episodes: the concurrency cap.
+        episode_timeout: seconds an episode may run; then it ends with
+            ``done_reason="timeout"`` (its env's work is cancelled and the env freed).
+        max_turns: steps an episode may take; then it ends with ``"max_turns"``.
+        epochs: passes over a sequence of prompts.
+        emit: ``"both"`` (episodes and groups), ``"episodes"`` or ``"groups"``.
+
+    Example:
+        >>> async with run_episodes(pool, policy, prompts, group_size=4) as stream:
+        ...     async for item in stream:
+        ...         if isinstance(item, Group):
+        ...             train_on(item.episodes, item.advantages())
+    """
+    return EpisodeStream(
+        pool,
+        policy,
+        prompts,
+        group_size=group_size,
+        max_concurrent_episodes=max_concurrent_episodes,
+        episode_timeout=episode_timeout,
+        max_turns=max_turns,
+        epochs=epochs,
+        emit=emit,
+    )
+
+
+@dataclasses.dataclass
+class Collected:
+    """What :func:`collect_episodes` ran: every episode and group, in finish order."""
+
+    episodes: list[Episode]
+    groups: list[Group]
+
+
+def collect_episodes(
+    pool: AsyncEnvPool,
+    policy: Policy,
+    prompts: Prompts,
+    *,
+    runner: Runner | None = None,
+    **kwargs: Any,
+) -> Collected:
+    """:func:`run_episodes` for scripts: runs every episode through aenv's loop runner
+    (``runner``, default the shared one) and returns them all; ``kwargs`` are
+    :func:`run_episodes`'s. The pool lives on the runner's loop: create it in sync code.
+
+    Example:
+        >>> pool = AsyncEnvPool([GuessTextEnv] * 8)
+        >>> out = collect_episodes(pool, policy, prompts, group_size=4)
+        >>> len(out.groups)
+    """
+
+    async def run() -> Collected:
+        out = Collected([], [])
+        async with run_episodes(pool, policy, prompts, **kwargs) as stream:
+            async for item in stream:
+                if isinstance(item, Group):
+                    out.groups.append(item)
+                else:
+                    out.episodes.append(item)
+        return out
+
+    return (runner or get_runner()).run(run)

@@ -1,0 +1,123 @@
+"""A prompted text env for agent-loop tests and benchmarks: one question, a few tries."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, TensorDict, TensorDictBase
+
+from aenv.envs._common import EnvBase
+from aenv.specs import Categorical, Composite, NonTensor, Unbounded
+
+__all__ = ["GuessTextEnv"]
+
+
+def _text(td: TensorDictBase | None, key: str, default: str) -> str:
+    value = None if td is None else td.get(key, None)
+    if value is None:
+        return default
+    value = value.data if isinstance(value, NonTensorData) else value
+    return value if isinstance(value, str) else str(value)
+
+
+class GuessTextEnv(EnvBase):
+    """A text env reset with a prompt: the agent answers until it says the target.
+
+    The reset input carries ``"prompt"`` (the question) and ``"target"`` (the answer);
+    both are strings, e.g. ``{"prompt": "2 + 2 =", "target": "4"}``. The observation
+    ``"text"`` is the conversation so far; the action ``"action"`` is the agent's answer.
+    An answer equal to the target ends the episode terminated with reward 1; any other
+    gets reward 0 and the env says "try again"; after ``max_steps`` answers the episode is
+    truncated. ``median`` / ``sigma`` give each step a lognormal latency (awaited, from a
+    generator seeded by ``seed``), as a remote tool or sandbox would take; a reset input
+    with a ``"latencies"`` tensor gives the episode's step latencies instead (one per step,
+    to replay a schedule).
+
+    Example:
+        >>> env = GuessTextEnv(max_steps=3)
+        >>> td = await env.reset(TensorDict({"prompt": "2 + 2 =", "target": "4"}))
+        >>> td["action"] = "4"
+        >>> (await env.step(td))["next", "reward"]
+        tensor([1.])
+    """
+
+    def __init__(
+        self,
+        max_steps: int = 8,
+        *,
+        median: float = 0.0,
+        sigma: float = 0.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_steps = max_steps
+        self.median = median
+        self.sigma = sigma
+        self._rng = np.random.default_rng(seed)
+        self.observation_spec = Composite(
+            text=NonTensor(shape=(), example_data="prompt"),
+            prompt=NonTensor(shape=(), example_data="prompt"),
+        )
+        self.action_spec = NonTensor(shape=(), example_data="answer")
+        self.reward_spec = Unbounded((1,))
+        self.full_done_spec = Composite(
+            done=Categorical(2, (1,), dtype=torch.bool),
+            terminated=Categorical(2, (1,), dtype=torch.bool),
+            truncated=Categorical(2, (1,), dtype=torch.bool),
+        )
+        self.prompt = ""
+        self.target = ""
+        self.schedule: list[float] | None = None
+        self.text = ""
+        self.count = 0
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def draw_latency(self) -> float:
+        """The next step's latency (seconds)."""
+        if self.schedule is not None:
+            return self.schedule[self.count] if self.count < len(self.schedule) else 0.0
+        if self.median <= 0:
+            return 0.0
+        if self.sigma == 0:
+            return self.median
+        return float(self.median * math.exp(self.sigma * self._rng.standard_normal()))
+
+    async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        self.prompt = _text(tensordict, "prompt", "")
+        self.target = _text(tensordict, "target", "")
+        self.text = self.prompt
+        self.count = 0
+        schedule = None if tensordict is None else tensordict.get("latencies", None)
+        self.schedule = None if schedule is None else schedule.reshape(-1).tolist()
+        return TensorDict(
+            {"text": NonTensorData(self.text), "prompt": NonTensorData(self.prompt)},
+            batch_size=(),
+        )
+
+    async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        latency = self.draw_latency()
+        if latency:
+            await asyncio.sleep(latency)
+        answer = _text(tensordict, "action", "")
+        self.count += 1
+        right = answer == self.target
+        truncated = not right and self.count >= self.max_steps
+        self.text = f"{self.text}\n> {answer}\n{'right' if right else 'try again'}"
+        return TensorDict(
+            {
+                "text": NonTensorData(self.text),
+                "prompt": NonTensorData(self.prompt),
+                "reward": torch.tensor([1.0 if right else 0.0]),
+                "done": torch.tensor([right or truncated]),
+                "terminated": torch.tensor([right]),
+                "truncated": torch.tensor([truncated]),
+            },
+            batch_size=(),
+        )
