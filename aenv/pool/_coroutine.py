@@ -19,12 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import StepTimeoutError
-from aenv.pool._backend import Backend, Failure
+from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._ops import drive, execute, runs_inline
+from aenv.pool._rows import Rows
 
 __all__ = ["CoroutineBackend"]
 
@@ -34,12 +36,14 @@ class CoroutineBackend(Backend):
 
     name = "coroutine"
     has_run_batch = True
+    has_run_stacked = True
 
     def __init__(self, deliver: Any, **options: Any) -> None:
         super().__init__(deliver, **options)
         self.envs: list[EnvBase] = []
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._retired: set[asyncio.Task[Any]] = set()
+        self._rows: Rows | None = None
 
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
         self.env_fns = list(env_fns)
@@ -112,6 +116,22 @@ class CoroutineBackend(Backend):
         return getattr(self.envs[env_index], name)
 
     # ------------------------------------------------------------------ whole batch
+    async def run_stacked(
+        self, op: str, tensordict: TensorDictBase, step_timeout: float | None
+    ) -> Stacked | list[Any] | None:
+        """A whole-batch step of every env, each writing into its rows (:mod:`aenv.pool._rows`):
+        taken when every env's step runs inline (sync, non-blocking, EnvBase's step); None,
+        with nothing started, otherwise."""
+        if op != "step" and op != "step_and_maybe_reset":
+            return None
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = Rows(self.envs)
+        inputs = tensordict.unbind(0)
+        if not rows.takes(self.envs, op, inputs):
+            return None
+        return rows.run(self.envs, op, inputs)
+
     async def run_batch(
         self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
     ) -> list[Any]:

@@ -26,7 +26,9 @@ async def test_a_slow_policy_call_does_not_gate_other_envs(backend):
         if i == 0 and frames_of[0] == 2:
             # env 0's second call hangs until the others made progress without it
             await others_went_on.wait()
-        if frames_of[1] >= 5 and frames_of[2] >= 5:
+        if frames_of[1] + frames_of[2] >= 6:
+            # (a sum: how the other two envs share the batch depends on scheduling; a
+            # condition on each could wait for ever on an uneven split)
             others_went_on.set()
         td["action"] = torch.zeros(1, 1, dtype=torch.int64)
         return td
@@ -35,7 +37,7 @@ async def test_a_slow_policy_call_does_not_gate_other_envs(backend):
     c = Collector(pool, policy, frames_per_batch=12, per_env_policy=True, trust_policy=True)
     batch = await c.rollout()
     idx = batch["env_index"].tolist()
-    assert len(idx) == 12 and idx.count(1) >= 4 and idx.count(2) >= 4
+    assert len(idx) == 12 and idx.count(1) + idx.count(2) >= 6
     # (with the policy calls awaited one after the other, env 0's hung call would have
     # stopped every env, and the event would never be set: a timeout)
     await c.shutdown()

@@ -230,7 +230,10 @@ async def test_cancelled_batch_stops_the_work_in_the_worker():
         assert all(b is None for b in backend._batch_of)  # type: ignore[attr-defined]
         # the hung step was cancelled in the worker: env 1 takes its next step at once
         out = await pool.step(actions(NORMAL, NORMAL, NORMAL, NORMAL))
-        assert out["next", "observation"].squeeze(-1).tolist() == [2, 1, 2, 2]
+        obs = out["next", "observation"].squeeze(-1).tolist()
+        # env 0 shares env 1's worker and its result is held there behind env 1's: the
+        # cancel may reach its step before or after it ran (1 or 2), on a loaded machine
+        assert obs[1:] == [1, 2, 2] and obs[0] in (1, 2)
         assert pool.worker_pids == pids
 
 

@@ -1,0 +1,161 @@
+"""Rows in ordinary memory: a whole-batch step of in-process envs, each env writing its
+results into its own row of preallocated stacked buffers.
+
+The buffers are planned once from the envs' specs (a step's ``"next"`` content, and a reset's
+outputs for ``step_and_maybe_reset``), stacked along the pool's env dim; env ``i``'s rows are
+TensorDicts whose leaves view row ``i``. A step goes through the env's one step hook,
+:meth:`~aenv.EnvBase._step_into` (then :meth:`~aenv.EnvBase._reset_into` when it ended the
+episode): an env that writes directly (a gymnasium env on its plain path) fills its row with
+no TensorDict made; any other env's result is copied into the row. The stacked result is one
+copy of the buffers, with no per-env stacking. This is the in-process twin of a process
+worker's shared-memory slots (:mod:`aenv.pool._shm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv.envs._common import EnvBase
+from aenv.pool._backend import Failure, Stacked
+from aenv.pool._ops import _any_done, drive, lean_inline, runs_inline
+from aenv.specs import Composite
+
+__all__ = ["Rows"]
+
+_STEP_GROUPS = ("full_observation_spec", "full_reward_spec", "full_done_spec")
+_RESET_GROUPS = ("full_observation_spec", "full_done_spec")
+
+
+def _plan(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase | None:
+    """Zeroed buffers for ``n`` envs shaped as ``env``'s specs in ``groups`` (None when a
+    spec cannot be planned: non-tensor data, dynamic shapes)."""
+    parts = []
+    for name in groups:
+        spec = env.output_spec[name]
+        if not isinstance(spec, Composite):
+            return None
+        for key in spec.keys(True, True):
+            leaf = spec[key]
+            if isinstance(leaf, Composite) or -1 in leaf.shape or not leaf.dtype:
+                return None
+        parts.append(spec.zero())
+    if not parts:
+        return None
+    row = parts[0].empty()
+    for part in parts:
+        row.update(part)
+    if any(not isinstance(v, torch.Tensor) for v in row.values(True, True)):
+        return None
+    return torch.stack([row] * n, 0).contiguous()  # type: ignore[arg-type, return-value]
+
+
+def _fill(row: TensorDictBase, keys: frozenset[Any], td: TensorDictBase) -> bool:
+    """Copy ``td`` into ``row`` when it has exactly the row's keys, shapes and dtypes."""
+    if frozenset(td.keys(True, True)) != keys:
+        return False
+    for key in keys:
+        value, dst = td.get(key), row.get(key)
+        if type(value) is not torch.Tensor or value.shape != dst.shape or value.dtype != dst.dtype:
+            return False
+    for key in keys:
+        row.get(key).copy_(td.get(key))
+    return True
+
+
+class Rows:
+    """The stacked buffers of one pool's in-process envs and each env's rows in them.
+
+    Args:
+        envs: the pool's envs (dense: their specs stack).
+    """
+
+    def __init__(self, envs: Sequence[EnvBase]) -> None:
+        n = len(envs)
+        self.next = _plan(envs[0], _STEP_GROUPS, n) if n else None
+        self.reset = _plan(envs[0], _RESET_GROUPS, n) if n else None
+        self.ok = self.next is not None and self.reset is not None
+        if not self.ok:
+            return
+        assert self.next is not None and self.reset is not None
+        self.next_rows = self.next.unbind(0)
+        self.reset_rows = self.reset.unbind(0)
+        self.next_keys = frozenset(self.next.keys(True, True))
+        self.reset_keys = frozenset(self.reset.keys(True, True))
+
+    def takes(self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]) -> bool:
+        """Whether every env's ``op`` runs inline on the lean path (EnvBase's step, no
+        ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`)."""
+        return self.ok and all(
+            runs_inline(env, op) and lean_inline(env, op, td)
+            for env, td in zip(envs, inputs, strict=True)
+        )
+
+    def run(
+        self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]
+    ) -> Stacked | list[Any]:
+        """``op`` on every env, each into its rows: the stacked result, or per-env outcomes
+        (as a backend's ``run_batch`` gives them) when some env failed or gave a result its
+        row cannot hold."""
+        smr = op == "step_and_maybe_reset"
+        n = len(envs)
+        reset_mask = torch.zeros(n, dtype=torch.bool) if smr else None
+        outcomes: list[Any] = [None] * n
+        whole = True
+        for i, (env, td) in enumerate(zip(envs, inputs, strict=True)):
+            row = self.next_rows[i]
+            try:
+                res = drive(env._step_into(td, row))
+                if not isinstance(res, bool):
+                    nxt = res
+                    if _fill(row, self.next_keys, res):
+                        res = _any_done(env, res)
+                    else:
+                        whole = False
+                if not smr:
+                    outcomes[i] = row if isinstance(res, bool) else nxt
+                    continue
+                if isinstance(res, bool):
+                    stepped_next: TensorDictBase = row
+                    done = res
+                else:
+                    stepped_next, done = nxt, _any_done(env, nxt)
+                if not done:
+                    outcomes[i] = (stepped_next, None)
+                    continue
+                assert reset_mask is not None
+                reset_row = self.reset_rows[i]
+                rst = drive(env._reset_into(td.set("next", stepped_next), reset_row))
+                if rst is not True and not _fill(reset_row, self.reset_keys, rst):
+                    whole = False
+                    outcomes[i] = (stepped_next, rst)
+                    continue
+                reset_mask[i] = True
+                outcomes[i] = (stepped_next, reset_row)
+            except Exception as exc:
+                whole = False
+                outcomes[i] = Failure(exc)
+        if whole:
+            assert self.next is not None and self.reset is not None
+            if not smr:
+                return Stacked(self.next.clone())
+            assert reset_mask is not None
+            any_reset = bool(reset_mask.any())
+            return Stacked(
+                self.next.clone(),
+                self.reset.clone() if any_reset else None,
+                reset_mask if any_reset else None,
+            )
+        return [_private(o) for o in outcomes]
+
+
+def _private(outcome: Any) -> Any:
+    """An outcome owning its tensors (rows are overwritten by the next step)."""
+    if isinstance(outcome, TensorDict | TensorDictBase):
+        return outcome.clone()
+    if isinstance(outcome, tuple):
+        return tuple(_private(part) if part is not None else None for part in outcome)
+    return outcome

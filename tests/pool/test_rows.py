@@ -1,0 +1,124 @@
+"""Whole-batch steps into rows (coroutine backend, :mod:`aenv.pool._rows`) against the
+per-env path they replace: the same values, dtypes and shapes, resets included, for envs
+that write their rows directly (gymnasium's plain path) and envs whose results are copied in,
+and the per-env outcomes (errors, results the rows cannot hold) when a batch does not fit.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv import AsyncEnvPool, GymEnv, PendulumEnv
+from aenv.exceptions import PoolError
+from aenv.pool._coroutine import CoroutineBackend
+from aenv.testing import CountingEnv
+
+pytestmark = pytest.mark.timeout(120)
+
+ENVS = {
+    "cartpole": partial(GymEnv, "CartPole-v1"),
+    "cartpole-categorical": partial(GymEnv, "CartPole-v1", categorical_action_encoding=True),
+    "frozenlake": partial(GymEnv, "FrozenLake-v1"),
+    "gym-pendulum": partial(GymEnv, "Pendulum-v1"),
+    "counting": partial(CountingEnv, max_steps=3),
+    "pendulum": PendulumEnv,
+}
+
+
+async def _run(make: Any, rows: bool, monkeypatch: pytest.MonkeyPatch) -> list[TensorDictBase]:
+    monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+    taken = []
+    if rows:
+        from aenv.pool import _rows
+
+        real = _rows.Rows.run
+
+        def spy(self: Any, *args: Any) -> Any:
+            out = real(self, *args)
+            taken.append(type(out).__name__)
+            return out
+
+        monkeypatch.setattr(_rows.Rows, "run", spy)
+    out = []
+    async with AsyncEnvPool([make] * 3) as pool:
+        await pool.set_seed(5)
+        torch.manual_seed(1)
+        td = await pool.reset()
+        for _ in range(40):
+            stepped, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+            out.append(stepped.clone())
+        out.append(td.clone())
+        out.append(await pool.step(pool.rand_action(td)))
+    if rows:
+        assert taken and set(taken) == {"Stacked"}  # every batch went into the rows
+    return out
+
+
+@pytest.mark.parametrize("name", list(ENVS))
+async def test_rows_give_the_per_env_path_results(name, monkeypatch):
+    expected = await _run(ENVS[name], False, monkeypatch)
+    got = await _run(ENVS[name], True, monkeypatch)
+    if name in ("cartpole", "counting"):
+        assert any(bool(t["next", "done"].any()) for t in expected[:-2])  # resets inside
+    for a, b in zip(expected, got, strict=True):
+        keys = sorted(a.keys(True, True), key=str)
+        assert keys == sorted(b.keys(True, True), key=str)
+        for key in keys:
+            x, y = a.get(key), b.get(key)
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            assert torch.equal(x, y), key
+
+
+class _Extra(CountingEnv):
+    """Env 1 of a pool adds a key no spec declares: its result cannot go into its row."""
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        out = super()._step(tensordict)
+        if self.start_val == 1:
+            out.set("extra", torch.ones(1))
+        return out
+
+
+class _Raising(CountingEnv):
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self.start_val == 1:
+            raise ValueError("env one fails")
+        return super()._step(tensordict)
+
+
+async def test_a_result_the_rows_cannot_hold_comes_back_per_env():
+    fns = [partial(_Extra, max_steps=10, start_val=v) for v in (0, 1, 0)]
+    async with AsyncEnvPool(fns, stack="lazy") as pool:
+        td = await pool.reset()
+    # dense stacking refuses differing keys, lazy does not take the rows: the per-env
+    # outcomes of the rows still carry env 1's extra key to the pool
+    from aenv.pool._rows import Rows
+
+    envs = [fn() for fn in fns]
+    rows = Rows(envs)
+    inputs = [TensorDict({"action": torch.zeros(1, dtype=torch.int64)}, []) for _ in envs]
+    for env in envs:
+        await env.reset()
+    assert rows.takes(envs, "step", inputs)
+    out = rows.run(envs, "step", inputs)
+    assert isinstance(out, list)
+    assert "extra" in out[1].keys() and "extra" not in out[0].keys()
+    assert out[0]["observation"].item() == 1 and out[1]["observation"].item() == 2
+    del td
+
+
+async def test_an_error_in_one_env_keeps_the_others_results():
+    fns = [partial(_Raising, max_steps=10, start_val=v) for v in (0, 1, 0)]
+    async with AsyncEnvPool(fns) as pool:
+        td = await pool.reset()
+        with pytest.raises(PoolError) as info:
+            await pool.step(pool.rand_action(td))
+        assert sorted(info.value.errors) == [1]
+        assert "env one fails" in str(info.value.errors[1])
+        # the others stepped, exactly once
+        assert info.value.results[0]["observation"].item() == 1
