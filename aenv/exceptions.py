@@ -177,7 +177,8 @@ class PoolError(AenvError, RuntimeError):
     """Raised when a whole-batch pool call had failing sub-envs; holds each env's error.
 
     ``errors`` maps env index to the error of that env; ``results`` holds what the other
-    envs returned, so nothing is lost.
+    envs returned, so nothing is lost. Raised out of a rollout, ``rollout`` holds the steps
+    the rollout had finished before the failing one (None if none).
     """
 
     def __init__(
@@ -186,6 +187,7 @@ class PoolError(AenvError, RuntimeError):
         super().__init__(message)
         self.errors = errors
         self.results = results
+        self.rollout: Any = None
 
 
 class BackendUnavailableError(AenvError, ImportError):

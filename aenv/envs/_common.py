@@ -7,7 +7,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import anyio.to_thread
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -25,6 +24,7 @@ from aenv._mdp import (
     unravel,
 )
 from aenv.envs._specs import EnvSpecsMixin, default_reward_spec
+from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
     BatchSizeError,
     DoneAfterResetError,
@@ -137,7 +137,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if self._step_is_async:
             next_td = await self._step(tensordict)
         elif self.blocking:
-            next_td = await anyio.to_thread.run_sync(self._step, tensordict)
+            next_td = await run_blocking(self._step, tensordict)
         else:
             next_td = self._step(tensordict)
         return self._step_proc_data(next_td, tensordict)
@@ -262,7 +262,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if is_async:
             return await fn(*args, **kwargs)
         if self.blocking:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+            return await run_blocking(fn, *args, **kwargs)
         return fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ checks

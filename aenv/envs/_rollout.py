@@ -12,6 +12,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from aenv._mdp import any_true, fast_stack, time_named, unravel
 from aenv.envs._policy import make_policy
+from aenv.exceptions import PoolError
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -137,14 +138,56 @@ async def run_rollout(
     )
     device = env.device
     steps = _StepStore(bool(return_contiguous))
-    td = tensordict
+    try:
+        await _loop(
+            env,
+            steps,
+            tensordict,
+            max_steps,
+            policy,
+            callback,
+            rand_action,
+            plain,
+            auto_cast_to_device and device is not None,
+            bool(break_when_any_done),
+            bool(break_when_all_done),
+        )
+    except PoolError as err:
+        # a pool's sub-env failed: the steps done before are the caller's, not lost
+        if steps.pending or steps.chunks:
+            err.rollout = time_named(steps.finish())
+        raise
+    if set_truncated:
+        last = steps.last.get("next")
+        for key in env.done_keys:
+            key_t = unravel(key)
+            if key_t[-1] in ("truncated", "done"):
+                last.set(key, torch.ones_like(last.get(key)))
+    return time_named(steps.finish())
+
+
+async def _loop(
+    env: EnvBase,
+    steps: _StepStore,
+    td: TensorDictBase,
+    max_steps: int,
+    policy: Callable[..., Any] | None,
+    callback: Callable[..., Any] | None,
+    rand_action: Callable[..., Any] | None,
+    plain: bool,
+    cast: bool,
+    break_when_any_done: bool,
+    break_when_all_done: bool,
+) -> None:
+    """The rollout's steps, appended to ``steps``."""
+    device = env.device
     for i in range(max_steps):
         if i % YIELD_EVERY == YIELD_EVERY - 1:
             await anyio.lowlevel.checkpoint()
         if break_when_all_done and i:
             td.set("_step", ~_done_mask(env, td))
         td = rand_action(td) if rand_action is not None else await call_policy(policy, td)  # type: ignore[arg-type]
-        if auto_cast_to_device and device is not None:
+        if cast:
             td = td.to(device)
         if break_when_any_done or break_when_all_done or i == max_steps - 1:
             # (the last step of a rollout that goes on through episode ends resets
@@ -181,13 +224,6 @@ async def run_rollout(
             if i == max_steps - 1:
                 break
             td = nxt
-    if set_truncated:
-        last = steps.last.get("next")
-        for key in env.done_keys:
-            key_t = unravel(key)
-            if key_t[-1] in ("truncated", "done"):
-                last.set(key, torch.ones_like(last.get(key)))
-    return time_named(steps.finish())
 
 
 class _StepStore:

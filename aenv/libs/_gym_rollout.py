@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import anyio.to_thread
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._rollout import _any_done, _StepStore, call_policy
+from aenv.envs._threads import run_blocking
 from aenv.specs import Categorical, Composite, NonTensor, OneHot, TensorSpec
 from aenv.specs._discrete import one_hot_rows
 from aenv.specs._numpy import np_dtype
@@ -647,7 +647,7 @@ async def rollout_whole(
     if policy is None:
         draws = _draws(lay)
         if env.blocking:
-            await anyio.to_thread.run_sync(_random_steps, env, lay, draws, rec, steps, stop)
+            await run_blocking(_random_steps, env, lay, draws, rec, steps, stop)
         else:
             _random_steps(env, lay, draws, rec, steps, stop)
         actions = draws.actions(first._tensordict["action"])

@@ -2,7 +2,7 @@
 
 Async envs run as tasks of the pool's loop; a sync, non-blocking env's operation is run
 inline (no task: it cannot suspend anyway), and one declared ``blocking`` runs in a worker
-thread through ``anyio.to_thread`` as :class:`~aenv.EnvBase` arranges.
+(daemon) thread as :class:`~aenv.EnvBase` arranges.
 
 Tasks are not held by a task group: they outlive any one caller's scope (a streamed step
 is sent by one call and received by another). The backend owns them instead: each catches

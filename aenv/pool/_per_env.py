@@ -16,6 +16,7 @@ from tensordict import TensorDictBase
 from aenv.exceptions import BatchSizeError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import _Dispatcher
+from aenv.pool._stream import _as_index
 
 __all__ = ["PerEnvMixin"]
 
@@ -31,6 +32,7 @@ class PerEnvMixin(_Dispatcher):
 
     def _one_input(self, env_index: int, td: TensorDictBase | None) -> None:
         self._check_open()
+        env_index = _as_index(env_index)
         if not 0 <= env_index < self.num_envs:
             raise IndexError(f"env index {env_index} out of range for a pool of {self.num_envs}")
         if td is not None and td.batch_size != self._sub_batch:

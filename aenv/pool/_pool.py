@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp import mask_merge, unravel
+from aenv._mdp import mask_merge, time_named, unravel
 from aenv.envs._common import EnvBase
 from aenv.envs._rollout import _StepStore
 from aenv.envs._utils import EnvMetaData
@@ -463,6 +463,9 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 for key, value in action.items():
                     nxt.set(key, value)
                 td = nxt
+        except PoolError as err:
+            _keep_steps(err, steps)
+            raise
         finally:
             if call is not None:
                 backend.abandon_stacked(call)
@@ -473,14 +476,18 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             self._release_all()
         # the backend could not take a step stacked (a lost env, a broken worker): the
         # generic loop's steps from here on, the action of step ``t`` being in ``td``
-        while True:
-            if t == max_steps - 1:
-                steps.append(await self.step(td))
-                return steps.finish()
-            td, nxt = await self.step_and_maybe_reset(td)
-            steps.append(td)
-            t += 1
-            td = self.rand_action(nxt)
+        try:
+            while True:
+                if t == max_steps - 1:
+                    steps.append(await self.step(td))
+                    return steps.finish()
+                td, nxt = await self.step_and_maybe_reset(td)
+                steps.append(td)
+                t += 1
+                td = self.rand_action(nxt)
+        except PoolError as err:
+            _keep_steps(err, steps)
+            raise
 
     def _stacked_proc_data(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The pool's ``_step_proc_data`` of stacked sub-env results, skipped where it is
@@ -646,3 +653,9 @@ def _pool_class(name: str, default: type[AsyncEnvPool]) -> type[AsyncEnvPool]:
         found = _BY_BACKEND[name] = getattr(importlib.import_module(module_name), cls_name)
     assert not isinstance(found, str)
     return found
+
+
+def _keep_steps(err: PoolError, steps: _StepStore) -> None:
+    """A rollout's finished steps, kept on the error that ended it (nothing is lost)."""
+    if steps.pending or steps.chunks:
+        err.rollout = time_named(steps.finish())

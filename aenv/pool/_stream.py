@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import numbers
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -81,16 +82,13 @@ class StreamMixin(_Dispatcher):
             single = td.batch_size == sub_bs
             if isinstance(raw, torch.Tensor):
                 flat = raw.reshape(-1) if single else raw.reshape(raw.shape[0], -1)[:, 0]
-                idx = [int(flat[0])] if single else flat.tolist()
+                idx = [_as_index(flat[0].item())] if single else _as_indices(flat)
             else:
-                idx = [int(raw)] if single else [int(v) for v in raw]
-        elif isinstance(env_index, int):
+                idx = [_as_index(raw)] if single else _as_indices(raw)
+        elif isinstance(env_index, int) and not isinstance(env_index, bool):
             idx, single = [env_index], True
         else:
-            idx = [
-                int(v)
-                for v in (env_index.tolist() if isinstance(env_index, torch.Tensor) else env_index)
-            ]
+            idx = _as_indices(env_index)
             single = False
         for i in idx:
             if not 0 <= i < n:
@@ -284,3 +282,31 @@ class StreamMixin(_Dispatcher):
         nxt_out = stack_results(nexts, self._lazy)
         nxt_out.set("env_index", idx.clone())
         return out, nxt_out
+
+
+def _as_index(value: Any) -> int:
+    """An env index: an int (a numpy or 0-d torch integer too); anything else is refused,
+    never rounded."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)):
+        raise TypeError(
+            f"env_index must be an int, a sequence of ints or an integer tensor; got "
+            f"{value!r} ({type(value).__name__})"
+        )
+    return int(value)
+
+
+def _as_indices(values: Any) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype == torch.bool:
+            raise TypeError(
+                f"env_index must be an integer tensor (or ints); got a {values.dtype} tensor"
+            )
+        return [int(v) for v in values.reshape(-1).tolist()]
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(
+            f"env_index must be an int, a sequence of ints or an integer tensor; got "
+            f"{values!r} ({type(values).__name__})"
+        )
+    return [_as_index(v) for v in values]

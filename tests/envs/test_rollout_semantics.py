@@ -7,8 +7,10 @@ sync envs letting the event loop run.
 from __future__ import annotations
 
 import asyncio
+import sys
 from functools import partial
 
+import cloudpickle
 import pytest
 import torch
 from tensordict import TensorDict
@@ -17,6 +19,7 @@ from aenv import AsyncEnvPool, EnvBase, GymEnv, step_mdp
 from aenv.testing import CountingEnv
 
 pytestmark = pytest.mark.timeout(120)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # envs built in workers
 
 
 def _loops() -> list[tuple[str, object]]:
@@ -175,3 +178,43 @@ async def test_a_long_rollout_can_be_cancelled():
     # the env is usable again at once
     td = await env.reset()
     assert isinstance(td, TensorDict)
+
+
+class _FailsAt(CountingEnv):
+    """Env 1 of a pool raises on its step number ``at``."""
+
+    def _step(self, tensordict):
+        if self.start_val == 1 and int(self.count.max()) - 1 >= 2:
+            raise ValueError("env 1 fails at its third step")
+        return super()._step(tensordict)
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "process"])
+async def test_a_pool_rollout_that_fails_keeps_the_steps_it_had(backend):
+    from aenv.exceptions import PoolError
+
+    options = {"num_workers": 2} if backend == "process" else {}
+    fns = [partial(_FailsAt, max_steps=100, start_val=v) for v in (0, 1)]
+    async with AsyncEnvPool(fns, backend=backend, backend_options=options) as pool:
+        with pytest.raises(PoolError) as info:
+            await pool.rollout(10, break_when_any_done=False)
+    kept = info.value.rollout
+    assert kept is not None and kept.batch_size == torch.Size([2, 2])
+    assert kept["next", "observation"][0].squeeze(-1).tolist() == [1, 2]
+
+
+async def test_env_index_must_hold_integers():
+    async with AsyncEnvPool([CountingEnv] * 3) as pool:
+        td = await pool.reset()
+        one = pool.rand_action(td)[1]
+        for bad in (1.7, True, "1", None):
+            with pytest.raises(TypeError, match="env_index must be"):
+                pool.async_step_send(one, env_index=bad if bad is not None else [1.5])
+        with pytest.raises(TypeError, match="env_index must be"):
+            pool.async_step_send(pool.rand_action(td)[:2], env_index=torch.tensor([0.0, 1.0]))
+        with pytest.raises(TypeError, match="env_index must be"):
+            await pool.step_one(1.7, one)  # type: ignore[arg-type]
+        # nothing was sent: every env is free
+        pool.async_step_send(pool.rand_action(td), env_index=torch.arange(3))
+        out = await pool.async_step_recv(min_get=3)
+        assert sorted(out["env_index"].tolist()) == [0, 1, 2]
