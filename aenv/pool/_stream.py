@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
@@ -240,6 +241,11 @@ class StreamMixin(_Dispatcher):
             )
             with scope:
                 await self._wait_ready(op, env_index, enough, lost)
+        else:
+            # results were ready (cheap sync envs finish inline): let the loop run once
+            # anyway, so a streaming loop never starves other tasks (heartbeats, the
+            # background closes of replaced envs) and a cancel lands
+            await anyio.lowlevel.checkpoint()
         if env_index is not None:
             item = next(it for it in ready if it[0] == env_index)
             ready.remove(item)

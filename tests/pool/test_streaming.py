@@ -146,3 +146,30 @@ async def test_fast_envs_stream_past_a_stuck_env_on_every_backend(backend):
             pool.async_step_send(actions[3], env_index=3)
     finally:
         await pool.aclose()
+
+
+async def test_a_streaming_loop_of_inline_envs_lets_other_tasks_run():
+    # cheap sync envs finish inline, so results are always ready when asked for: the
+    # receive must still let the loop run (a heartbeat ticks, the loop is not starved)
+    import asyncio
+
+    async with AsyncEnvPool([partial(CountingEnv, max_steps=10**6)] * 4) as pool:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def heartbeat() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(heartbeat())
+        td = await pool.reset()
+        pool.async_step_send(pool.rand_action(td), env_index=list(range(4)))
+        for _ in range(200):
+            out = await pool.async_step_recv(min_get=1)
+            pool.async_step_send(pool.rand_action(pool.step_mdp(out)))
+        stop.set()
+        await task
+        await pool.async_step_recv(min_get=4)
+    assert ticks >= 100
