@@ -56,7 +56,7 @@ from aenv.exceptions import (
 )
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly
+from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly, weak_callback
 from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import FAILED, PICKLED, SLOT, worker_main
 from aenv.pool._shm import (
@@ -211,7 +211,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._procs: list[Any] = []
         self._lifeline: Any = None
         self._lifeline_r: Any = None
-        self._finalizer = weakref.finalize(self, kill_all, self._procs)
+        self._channels: list[Any] = []  # every worker socket watched (the finalizer's)
+        self._finalizer = weakref.finalize(self, kill_all, self._procs, self._channels)
 
     # ------------------------------------------------------------------ start
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -291,6 +292,8 @@ class ProcessBackend(ClosingMixin, Backend):
             child_sock.close()
         w.proc = proc
         w.chan = Channel(parent_sock)
+        self._channels[:] = [c for c in self._channels if not c.closed]
+        self._channels.append(w.chan)
         w.state = "starting"
         self._procs.append(proc)
 
@@ -360,7 +363,7 @@ class ProcessBackend(ClosingMixin, Backend):
         self._loop = loop
         for w in self._workers:
             if w.chan is not None and not w.chan.closed:
-                w.chan.attach(loop, functools.partial(self._on_readable, w))
+                w.chan.attach(loop, weak_callback(self._on_readable, w))
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending and self._loop is not None:
@@ -866,7 +869,7 @@ class ProcessBackend(ClosingMixin, Backend):
             self._reap(w, starting)
             return
         # The socket closes a moment before the process is gone: wait for its sentinel.
-        loop.add_reader(proc.sentinel, self._reap, w, starting)
+        loop.add_reader(proc.sentinel, weak_callback(self._reap, w, starting))
         w.exit_timer = loop.call_later(2.0, kill_quietly, proc)
 
     def _reap(self, w: _Worker, starting: bool) -> None:
@@ -910,7 +913,7 @@ class ProcessBackend(ClosingMixin, Backend):
         w.kill_reason = None
         self._spawn(w)
         if self._loop is not None and w.chan is not None:
-            w.chan.attach(self._loop, functools.partial(self._on_readable, w))
+            w.chan.attach(self._loop, weak_callback(self._on_readable, w))
 
     def _fail_worker_envs(self, w: _Worker, failure: Failure | None) -> None:
         w.state = "broken"

@@ -7,6 +7,8 @@ import contextlib
 import functools
 import os
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -81,13 +83,48 @@ def kill_quietly(proc: Any) -> None:
             proc.kill()
 
 
-def kill_all(procs: list[Any]) -> None:
-    """Finalizer of a backend dropped without being closed."""
+def kill_all(procs: list[Any], channels: list[Any] | None = None) -> None:
+    """Finalizer of a backend dropped without being closed: its sockets stop being watched
+    and are closed, its workers are killed."""
+    for chan in channels or ():
+        with contextlib.suppress(Exception):
+            _detach_and_close(chan)
     for proc in procs:
         kill_quietly(proc)
     for proc in procs:
         with contextlib.suppress(Exception):
             proc.join(1.0)
+
+
+def _detach_and_close(chan: Any) -> None:
+    loop = chan.loop
+    if loop is not None and loop.is_running() and not _runs_here(loop):
+        # the loop runs in another thread: it removes its own watch, then the socket goes
+        loop.call_soon_threadsafe(_detach_and_close, chan)
+        return
+    chan.detach()
+    chan.close()
+
+
+def _runs_here(loop: Any) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def weak_callback(method: Callable[..., Any], *args: Any) -> Callable[[], None]:
+    """A loop callback calling the bound ``method`` through a weak reference: the loop's
+    registration (a reader on a worker's socket) does not keep a backend alive, so one
+    dropped without ``aclose()`` is collected and its finalizer ends its workers."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
 
 
 class ClosingMixin:

@@ -69,3 +69,36 @@ def test_close_leaves_no_worker_behind():
     assert not children & set(pids)
     for pid in pids:
         assert not psutil.pid_exists(pid)
+
+
+@pytest.mark.timeout(120)
+def test_a_dropped_parallel_env_ends_its_workers():
+    # a notebook cell re-run: the facade is dropped without close(); the loop's watch on the
+    # workers' sockets must not keep the pool alive, so its finalizer ends the workers
+    import gc
+    import time
+    import weakref
+
+    env = ParallelEnv(2, CountingEnv, num_processes=2)
+    env.reset()
+    backend = env.env._backend
+    pids = backend.worker_pids
+    ref = weakref.ref(backend)
+    del env, backend
+    gc.collect()
+    assert ref() is None
+
+    def alive() -> list[int]:
+        out = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)  # (polling a condition, bounded: the kill is asynchronous)
+    assert alive() == []
