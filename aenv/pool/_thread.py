@@ -232,9 +232,16 @@ class ThreadBackend(Backend):
         old.cancel_current()
         old.stop()
         self._retired.append(old)
+        # once its thread has closed its env and exited, nothing of it is kept
+        old.when_exited(functools.partial(self._forget_retired, old))
         self._workers[env_index] = _Worker(
             self, env_index, self.env_fns[env_index], want_meta=False
         )
+
+    def _forget_retired(self, worker: _Worker) -> None:
+        # (from the worker's own thread, as it exits: a list removal is atomic)
+        with contextlib.suppress(ValueError):
+            self._retired.remove(worker)
 
     def getattr_sync(self, env_index: int, name: str) -> Any:
         """In the env's thread when it is idle; from the calling thread while it works

@@ -183,3 +183,27 @@ async def test_recv_waiting_when_closed_raises(backend):
     await pool.aclose()
     with pytest.raises(Exception, match="closed"):
         await waiter
+
+
+async def test_the_thread_backend_keeps_no_replaced_env():
+    # on_error="restart" rebuilds the failing env each step: the replaced envs (and their
+    # threads) are released once their threads exit, not kept until the pool closes
+    import gc
+    import time
+    import weakref
+
+    async with AsyncEnvPool(
+        [partial(FailingEnv, fail_after=0, message="kaboom")], backend="thread", on_error="restart"
+    ) as pool:
+        backend = pool._backend
+        refs = []
+        td = await pool.reset()
+        for _ in range(20):
+            refs.append(weakref.ref(backend._workers[0]))
+            _, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        deadline = time.monotonic() + 30
+        while backend._retired and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # (bounded wait for the old threads to exit)
+        assert backend._retired == []
+        gc.collect()
+        assert sum(r() is not None for r in refs[:-1]) == 0
