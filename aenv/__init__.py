@@ -17,6 +17,7 @@ from aenv.envs import (
     ExplorationType,
     PendulumEnv,
     RandomPolicy,
+    acheck_env_specs,
     check_env_specs,
     exploration_type,
     get_available_libraries,
@@ -24,6 +25,7 @@ from aenv.envs import (
 )
 from aenv.exceptions import (
     AenvError,
+    AsyncContextError,
     BatchSizeError,
     DoneAfterResetError,
     EnvBusyError,
@@ -176,6 +178,7 @@ __all__ = [
     "VecNorm",
     "reset_mask",
     "AenvError",
+    "AsyncContextError",
     "BaseInfoDictReader",
     "DefaultInfoDictReader",
     "GymEnv",
@@ -216,6 +219,7 @@ __all__ = [
     "TensorSpec",
     "Unbounded",
     "WorkerCrashedError",
+    "acheck_env_specs",
     "check_env_specs",
     "exceptions",
     "exploration_type",

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import mask_merge, reduce_mask
-from aenv.envs._common import EnvBase
+from aenv.envs._common import EnvBase, _EnvMeta
 from aenv.specs import Composite
 from aenv.transforms._base import Transform
 from aenv.transforms._compose import Compose
@@ -17,7 +17,25 @@ from aenv.transforms._compose import Compose
 __all__ = ["TransformedEnv"]
 
 
-class TransformedEnv(EnvBase):
+class _TransformedEnvMeta(_EnvMeta):
+    """Lets ``TransformedEnv(facade, ...)`` transform a sync facade (``SerialEnv``,
+    ``ParallelEnv``, ``SyncEnv``): the transformed env wraps the facade's async env and comes
+    back as a sync facade on the same runner, so sync code keeps calling it synchronously."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        from aenv.sync._facades import SyncEnv
+
+        env = args[0] if args else kwargs.get("env")
+        if isinstance(env, SyncEnv):
+            if args:
+                args = (env.env, *args[1:])
+            else:
+                kwargs["env"] = env.env
+            return env._rewrap(super().__call__(*args, **kwargs))
+        return super().__call__(*args, **kwargs)
+
+
+class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
     """An env whose inputs and outputs go through transforms on their way to a base env.
 
     Steps run the inverse transforms on (a shallow copy of) the input, await the base env's
@@ -26,8 +44,13 @@ class TransformedEnv(EnvBase):
     the transforms map them (cached, recomputed when transforms are added). Batch size,
     device and ``batch_locked`` come from the base env; unknown attributes are read from it.
 
+    A sync facade (``SerialEnv``, ``ParallelEnv``, ``SyncEnv``) is accepted as the base env:
+    ``TransformedEnv(ParallelEnv(4, make_env), StepCounter(10))`` transforms the facade's
+    async env and returns a sync facade (:class:`~aenv.sync.SyncEnv`) over the result, on
+    the same runner; ``facade.append_transform(t)`` does the same.
+
     Args:
-        env: the base env.
+        env: the base env (or a sync facade, see above).
         transform: a Transform (a Compose for several), or None to add them later.
         cache_specs: kept for TorchRL compatibility; specs are always cached and recomputed
             when the transform chain changes (call ``env.transform_changed()`` after changing a
