@@ -8,7 +8,6 @@ import copy
 import os
 import subprocess
 import sys
-import textwrap
 
 import cloudpickle
 import pytest
