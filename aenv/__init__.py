@@ -12,11 +12,14 @@ from aenv import exceptions
 from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.collectors import Collector, Interruptor, SyncDataCollector, split_trajectories
 from aenv.envs import (
+    ChessEnv,
     EnvBase,
     EnvMetaData,
     ExplorationType,
+    FinancialRegimeEnv,
     PendulumEnv,
     RandomPolicy,
+    TicTacToeEnv,
     acheck_env_specs,
     check_env_specs,
     exploration_type,
@@ -122,6 +125,9 @@ from aenv.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChessEnv",
+    "FinancialRegimeEnv",
+    "TicTacToeEnv",
     "Collector",
     "Interruptor",
     "SyncDataCollector",

@@ -1,7 +1,10 @@
 """Async envs: the base class, helpers and built-in envs."""
 
+from aenv.envs._chess import ChessEnv
 from aenv.envs._common import EnvBase
+from aenv.envs._financial import FinancialRegimeEnv
 from aenv.envs._pendulum import PendulumEnv
+from aenv.envs._tictactoe import TicTacToeEnv
 from aenv.envs._utils import (
     EnvMetaData,
     ExplorationType,
@@ -14,6 +17,9 @@ from aenv.envs._utils import (
 )
 
 __all__ = [
+    "ChessEnv",
+    "FinancialRegimeEnv",
+    "TicTacToeEnv",
     "EnvBase",
     "EnvMetaData",
     "ExplorationType",
