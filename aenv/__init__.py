@@ -17,6 +17,8 @@ from aenv.envs import (
     EnvMetaData,
     ExplorationType,
     FinancialRegimeEnv,
+    MarlGroupMapType,
+    check_marl_grouping,
     PendulumEnv,
     RandomPolicy,
     TicTacToeEnv,
@@ -127,6 +129,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ChessEnv",
     "FinancialRegimeEnv",
+    "MarlGroupMapType",
+    "check_marl_grouping",
     "TicTacToeEnv",
     "Collector",
     "Interruptor",

@@ -3,6 +3,7 @@
 from aenv.envs._chess import ChessEnv
 from aenv.envs._common import EnvBase
 from aenv.envs._financial import FinancialRegimeEnv
+from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
 from aenv.envs._pendulum import PendulumEnv
 from aenv.envs._tictactoe import TicTacToeEnv
 from aenv.envs._utils import (
@@ -19,6 +20,8 @@ from aenv.envs._utils import (
 __all__ = [
     "ChessEnv",
     "FinancialRegimeEnv",
+    "MarlGroupMapType",
+    "check_marl_grouping",
     "TicTacToeEnv",
     "EnvBase",
     "EnvMetaData",
