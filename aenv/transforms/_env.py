@@ -99,6 +99,8 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
         out.unlock_()
         inp = base.input_spec.clone()
         inp.unlock_()
+        # the batch size first: spec hooks (e.g. BatchSizeTransform's) may depend on it
+        self.batch_size = self.transform.transform_env_batch_size(base.batch_size)
         out = self.transform.transform_output_spec(out)
         inp = self.transform.transform_input_spec(inp)
         self.__dict__["output_spec"] = out
@@ -184,6 +186,9 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
     ) -> TensorDictBase:
         transform = self.transform
         td_in = None
+        if tensordict is None and self.batch_size != self.base_env.batch_size:
+            # a transform changed the batch size: the base env resets a batch of that size
+            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
         if tensordict is not None:
             td_in = tensordict.select(*self.reset_keys, *self.state_keys, strict=False)
             td_in = transform._reset_env_preprocess(td_in)
