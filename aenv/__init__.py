@@ -63,6 +63,12 @@ from aenv.pool import (
     ProcessorAsyncEnvPool,
     ThreadingAsyncEnvPool,
 )
+from aenv.record import (
+    CSVLogger,
+    PixelRenderTransform,
+    TensorDictRecorder,
+    VideoRecorder,
+)
 from aenv.specs import (
     Binary,
     Bounded,
@@ -198,6 +204,10 @@ __all__ = [
     "UnsqueezeTransform",
     "VecNorm",
     "reset_mask",
+    "CSVLogger",
+    "PixelRenderTransform",
+    "TensorDictRecorder",
+    "VideoRecorder",
     "BatchSizeTransform",
     "BurnInTransform",
     "DiscreteActionProjection",

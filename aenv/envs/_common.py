@@ -673,6 +673,13 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
         run_blocking(self.aclose, api=f"{type(self).__name__}.close()", twin="await env.aclose()")
 
+    def append_transform(self, transform: Any) -> EnvBase:
+        """This env wrapped in a :class:`~aenv.TransformedEnv` with ``transform`` (TorchRL's
+        shortcut; a TransformedEnv appends to its own chain instead)."""
+        from aenv.transforms import TransformedEnv
+
+        return TransformedEnv(self, transform)
+
     async def __aenter__(self) -> EnvBase:
         return self
 
