@@ -4,6 +4,7 @@ from aenv.envs._chess import ChessEnv
 from aenv.envs._common import EnvBase
 from aenv.envs._financial import FinancialRegimeEnv
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
+from aenv.envs._model_based import DreamerDecoder, DreamerEnv, ModelBasedEnvBase
 from aenv.envs._pendulum import PendulumEnv
 from aenv.envs._tictactoe import TicTacToeEnv
 from aenv.envs._utils import (
@@ -21,6 +22,9 @@ __all__ = [
     "ChessEnv",
     "FinancialRegimeEnv",
     "MarlGroupMapType",
+    "ModelBasedEnvBase",
+    "DreamerDecoder",
+    "DreamerEnv",
     "check_marl_grouping",
     "TicTacToeEnv",
     "EnvBase",
