@@ -48,6 +48,7 @@ from aenv.exceptions import (
     StepTimeoutError,
     WorkerCrashedError,
 )
+from aenv.libs.envpool import MultiThreadedEnv, MultiThreadedEnvWrapper
 from aenv.libs.gym import (
     BaseInfoDictReader,
     DefaultInfoDictReader,
@@ -230,6 +231,8 @@ __all__ = [
     "BaseInfoDictReader",
     "DefaultInfoDictReader",
     "GymEnv",
+    "MultiThreadedEnv",
+    "MultiThreadedEnvWrapper",
     "GymLikeEnv",
     "GymWrapper",
     "default_info_dict_reader",
