@@ -13,7 +13,6 @@ from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.collectors import Collector, Interruptor, SyncDataCollector, split_trajectories
 from aenv.envs import (
     ChessEnv,
-    DreamerDecoder,
     DreamerEnv,
     EnvBase,
     EnvMetaData,
@@ -25,7 +24,6 @@ from aenv.envs import (
     RandomPolicy,
     TicTacToeEnv,
     acheck_env_specs,
-    check_env_specs,
     check_marl_grouping,
     exploration_type,
     get_available_libraries,
@@ -88,7 +86,7 @@ from aenv.specs import (
     Unbounded,
     make_composite_from_td,
 )
-from aenv.sync import EnvCreator, ParallelEnv, SerialEnv, SyncEnv, rollout
+from aenv.sync import EnvCreator, ParallelEnv, SerialEnv, SyncEnv, check_env_specs, rollout
 from aenv.transforms import (
     ActionDiscretizer,
     ActionMask,
@@ -107,6 +105,7 @@ from aenv.transforms import (
     DeviceCastTransform,
     DiscreteActionProjection,
     DoubleToFloat,
+    DreamerDecoder,
     DTypeCastTransform,
     EndOfLifeTransform,
     ExcludeTransform,

@@ -4,7 +4,7 @@ from aenv.envs._chess import ChessEnv
 from aenv.envs._common import EnvBase
 from aenv.envs._financial import FinancialRegimeEnv
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
-from aenv.envs._model_based import DreamerDecoder, DreamerEnv, ModelBasedEnvBase
+from aenv.envs._model_based import DreamerEnv, ModelBasedEnvBase
 from aenv.envs._pendulum import PendulumEnv
 from aenv.envs._tictactoe import TicTacToeEnv
 from aenv.envs._utils import (
@@ -12,7 +12,6 @@ from aenv.envs._utils import (
     ExplorationType,
     RandomPolicy,
     acheck_env_specs,
-    check_env_specs,
     exploration_type,
     get_available_libraries,
     set_exploration_type,
@@ -23,7 +22,6 @@ __all__ = [
     "FinancialRegimeEnv",
     "MarlGroupMapType",
     "ModelBasedEnvBase",
-    "DreamerDecoder",
     "DreamerEnv",
     "check_marl_grouping",
     "TicTacToeEnv",
@@ -33,7 +31,6 @@ __all__ = [
     "PendulumEnv",
     "RandomPolicy",
     "acheck_env_specs",
-    "check_env_specs",
     "exploration_type",
     "get_available_libraries",
     "set_exploration_type",

@@ -22,7 +22,6 @@ __all__ = [
     "ExplorationType",
     "RandomPolicy",
     "acheck_env_specs",
-    "check_env_specs",
     "exploration_type",
     "get_available_libraries",
     "set_exploration_type",
@@ -132,46 +131,6 @@ class EnvMetaData:
         return f"EnvMetaData(env={self.env_str}, batch_size={tuple(self.batch_size)}, device={self.device})"
 
 
-def check_env_specs(
-    env: Any,
-    return_contiguous: bool = True,
-    check_dtype: bool = True,
-    seed: int | None = None,
-    tensordict: TensorDictBase | None = None,
-    max_steps: int = 3,
-) -> None:
-    """Check, from sync code, that what the env outputs matches its specs (TorchRL's helper).
-
-    ``env`` is an aenv env or a sync facade (``SerialEnv``, ``ParallelEnv``, ``SyncEnv``).
-    The check is :func:`acheck_env_specs`, run to completion through aenv's loop runner;
-    inside a running event loop this raises :class:`~aenv.exceptions.AsyncContextError`
-    for an async env (await :func:`acheck_env_specs` there); a facade works anywhere.
-
-    Example:
-        >>> check_env_specs(CountingEnv())
-    """
-    from aenv.sync._facades import SyncEnv
-    from aenv.sync._runner import run_blocking
-
-    kwargs: dict[str, Any] = dict(
-        return_contiguous=return_contiguous,
-        check_dtype=check_dtype,
-        seed=seed,
-        tensordict=tensordict,
-        max_steps=max_steps,
-    )
-    if isinstance(env, SyncEnv):
-        env.check_env_specs(**kwargs)
-        return
-    run_blocking(
-        acheck_env_specs,
-        env,
-        api="check_env_specs(env)",
-        twin="await acheck_env_specs(env)",
-        **kwargs,
-    )
-
-
 async def acheck_env_specs(
     env: EnvBase,
     return_contiguous: bool = True,
@@ -184,7 +143,7 @@ async def acheck_env_specs(
 
     Runs a short rollout and compares it, key by key, with ``env.fake_tensordict()``: same
     keys, shapes and (with ``check_dtype``) dtypes, and every value inside its spec. The
-    coroutine twin of :func:`check_env_specs`.
+    coroutine twin of :func:`aenv.check_env_specs` (in :mod:`aenv.sync`).
 
     Example:
         >>> await acheck_env_specs(CountingEnv())

@@ -38,6 +38,9 @@ class SyncEnv:
         tensor([1., 2., 3.])
     """
 
+    #: read by TransformedEnv (a lower layer) to transform the facade's env
+    _aenv_sync_facade = True
+
     def __init__(self, env: EnvBase, *, runner: Runner | None = None) -> None:
         if isinstance(env, SyncEnv):
             env = env.env

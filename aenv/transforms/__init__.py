@@ -11,6 +11,7 @@ from aenv.transforms._base import Transform, reset_mask
 from aenv.transforms._batch import BatchSizeTransform, PinMemoryTransform
 from aenv.transforms._compose import Compose
 from aenv.transforms._counters import InitTracker, RewardSum, StepCounter
+from aenv.transforms._dreamer import DreamerDecoder
 from aenv.transforms._dtype import DeviceCastTransform, DoubleToFloat, DTypeCastTransform
 from aenv.transforms._env import TransformedEnv
 from aenv.transforms._keys import ExcludeTransform, RenameTransform, SelectTransform
@@ -45,6 +46,7 @@ from aenv.transforms._temporal import EndOfLifeTransform, TimeMaxPool
 from aenv.transforms._trajectory import BurnInTransform, RandomCropTensorDict, Reward2GoTransform
 
 __all__ = [
+    "DreamerDecoder",
     "BatchSizeTransform",
     "BurnInTransform",
     "DiscreteActionProjection",

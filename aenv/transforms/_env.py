@@ -23,10 +23,9 @@ class _TransformedEnvMeta(_EnvMeta):
     back as a sync facade on the same runner, so sync code keeps calling it synchronously."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        from aenv.sync._facades import SyncEnv
-
-        env = args[0] if args else kwargs.get("env")
-        if isinstance(env, SyncEnv):
+        env: Any = args[0] if args else kwargs.get("env")
+        # a facade says what it is: this layer does not import the sync one above it
+        if getattr(type(env), "_aenv_sync_facade", False):
             if args:
                 args = (env.env, *args[1:])
             else:
