@@ -226,4 +226,5 @@ def _dynamic_match(
 def get_available_libraries() -> dict[str, bool]:
     """Which optional libraries aenv can use here (name -> importable)."""
     names = ["gymnasium", "gym", "torchrl", "ray", "uvloop", "tqdm", "rich", "matplotlib"]
+    names += ["chess", "envpool", "imageio"]
     return {name: importlib.util.find_spec(name) is not None for name in names}
