@@ -24,9 +24,9 @@ class PixelRenderTransform(Transform):
     ``GymEnv("CartPole-v1", render_mode="rgb_array")``) feed video recorders.
 
     On a pool the sub-envs render where they live (``pool.call("render")``, one image per
-    env, stacked; on a process pool, append the transform to each sub-env in the env factory
-    instead: frames then travel in shared memory); on a single env the call reaches the
-    library env (wrappers forward attribute reads). The image spec needs one frame: it is rendered when the transform is
+    env, stacked; on a process pool the frames then travel pickled: appending the transform
+    to each sub-env in the env factory sends them through the pool's shared memory instead);
+    on a single env the call reaches the library env (wrappers forward attribute reads). The image spec needs one frame: it is rendered when the transform is
     appended (resetting the env first when it cannot render yet), which needs sync code
     (no running event loop) for a pool, or give ``shape`` (``(H, W, C)``).
 
@@ -38,10 +38,8 @@ class PixelRenderTransform(Transform):
         dtype: the image dtype (default: the probe frame's, else uint8).
 
     Example:
-        >>> def make_env():
-        ...     env = GymEnv("CartPole-v1", render_mode="rgb_array")
-        ...     return env.append_transform(PixelRenderTransform())
-        >>> env = ParallelEnv(4, make_env)
+        >>> env = ParallelEnv(4, lambda: GymEnv("CartPole-v1", render_mode="rgb_array"))
+        >>> env = env.append_transform(PixelRenderTransform())
         >>> env.rollout(3)["pixels"].shape
         torch.Size([4, 3, 400, 600, 3])
     """
@@ -72,16 +70,9 @@ class PixelRenderTransform(Transform):
         return env.base_env
 
     async def _render(self) -> torch.Tensor:
-        from aenv.pool import AsyncEnvPool, ProcessorAsyncEnvPool
+        from aenv.pool import AsyncEnvPool
 
         base = self._base()
-        if isinstance(base, ProcessorAsyncEnvPool):
-            # a frame is too big for the process backend's call() replies (they hang)
-            raise RuntimeError(
-                "PixelRenderTransform cannot render a process pool's envs from the parent: "
-                "append it to each sub-env in the env factory (frames then travel in the "
-                "pool's shared memory)"
-            )
         if isinstance(base, AsyncEnvPool):
             images = await base.call(self.render_method)
             frame = torch.stack([self._tensor(im) for im in images])
