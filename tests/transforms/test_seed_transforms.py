@@ -99,6 +99,33 @@ async def test_batch_size_transform_in_a_pool_async():
         assert (await pool.rollout(5)).batch_size == (2, 3, 5)
 
 
+def test_batch_size_transform_reshapes_a_batched_env_sync():
+    base = CountingEnv(max_steps=[[2, 3, 4], [5, 6, 7]], batch_size=(2, 3))
+    flat = BatchSizeTransform(reshape_fn=lambda td: td.reshape(-1))
+    env = SyncEnv(TransformedEnv(base, flat))
+    check_env_specs(env)
+    assert env.batch_size == (6,) and env.observation_spec["observation"].shape == (6, 1)
+    r = env.rollout(4, break_when_any_done=False)
+    assert r["next", "observation"][:, -1].squeeze(-1).tolist() == [2, 1, 4, 4, 4, 4]
+    td = env._step_mdp(env.rand_step(env.reset()))
+    td["_reset"] = torch.tensor([True, False, False, False, False, True]).unsqueeze(-1)
+    assert env.reset(td)["observation"].squeeze(-1).tolist() == [0, 1, 1, 1, 1, 0]
+    with pytest.raises(ValueError, match="one of"):
+        BatchSizeTransform()
+    with pytest.raises(ValueError, match="same number"):
+        TransformedEnv(base, BatchSizeTransform(reshape_fn=lambda td: td[:1]))
+
+
+async def test_batch_size_transform_partial_step_after_reshape_async():
+    base = CountingEnv(max_steps=10, batch_size=(2, 3))
+    env = TransformedEnv(base, BatchSizeTransform(reshape_fn=lambda td: td.unsqueeze(0)))
+    assert env.batch_size == (1, 2, 3)
+    td = env.rand_action(await env.reset())
+    td["_step"] = torch.tensor([[[True, False, True], [False, True, False]]])
+    out = await env.step(td)
+    assert out["next", "observation"].squeeze(-1).tolist() == [[[1, 0, 1], [0, 1, 0]]]
+
+
 # ---------------------------------------------------------------- TargetReturn
 def test_target_return_on_a_serial_env_sync():
     env = TransformedEnv(
