@@ -16,6 +16,7 @@
     │   └── WorkerCrashedError                 a worker process died
     ├── StepTimeoutError (TimeoutError)        a sub-env step ran past its deadline
     ├── PoolError (RuntimeError)               several sub-envs failed in one call
+    ├── AsyncContextError (RuntimeError)       a blocking sync API called in a running loop
     └── BackendUnavailableError (ImportError)  a backend's optional dependency is missing
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "AenvError",
+    "AsyncContextError",
     "BackendUnavailableError",
     "BatchSizeError",
     "DoneAfterResetError",
@@ -188,6 +190,11 @@ class PoolError(AenvError, RuntimeError):
         self.errors = errors
         self.results = results
         self.rollout: Any = None
+
+
+class AsyncContextError(AenvError, RuntimeError):
+    """Raised when a blocking sync API (``close()``, ``check_env_specs``, ...) is called inside a
+    running event loop, where its ``a``-prefixed coroutine twin must be awaited instead."""
 
 
 class BackendUnavailableError(AenvError, ImportError):

@@ -100,7 +100,7 @@ async def _collect(streaming: bool, p: dict[str, Any]) -> dict[str, Any]:
                     break
             elapsed = now - start
     finally:
-        await collector.shutdown()
+        await collector.ashutdown()
     return {"frames": frames, "elapsed_s": elapsed, "batches": batches}
 
 

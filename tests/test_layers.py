@@ -28,6 +28,7 @@ RANKS = {
     "collectors": 6,
     "libs": 6,
     "agents": 6,
+    "record": 6,
     "llm": 7,
     # the top: the package's own surface and the demo
     "__init__": 9,
@@ -40,6 +41,11 @@ ALLOWED = {
     # ``SomeEnv(auto_reset=True)`` (the seeds' env argument) returns the env wrapped in an
     # AutoResetEnv, a TransformedEnv: the env factory reaches up to build the wrapper
     ("envs/_common.py", "transforms"),
+    # TorchRL's sync names on async objects (the async-trap rule, README): ``env.close()`` and
+    # ``ObservationNorm.init_stats()`` run their ``a``-prefixed coroutine through the loop
+    # runner when called from sync code
+    ("envs/_common.py", "sync"),
+    ("transforms/_norm.py", "sync"),
 }
 
 

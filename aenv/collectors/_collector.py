@@ -114,7 +114,7 @@ class Collector:
         ...     print(batch["collector", "traj_ids"])
         tensor([0, 0, 0, 1])
         tensor([1, 1, 2, 2])
-        >>> await collector.shutdown()
+        >>> await collector.ashutdown()
     """
 
     def __init__(
@@ -442,7 +442,17 @@ class Collector:
             policy_weights = TensorDict.from_module(orig)
         target.data.update_(policy_weights.data)
 
-    async def shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """Close the env (or pool) and stop collecting, from sync code (TorchRL's name);
+        idempotent. Inside a running event loop use ``await collector.ashutdown()`` (this
+        raises :class:`~aenv.exceptions.AsyncContextError` there)."""
+        if self._closed:
+            return
+        from aenv.sync._runner import run_blocking
+
+        run_blocking(self.ashutdown, api="Collector.shutdown()", twin="await collector.ashutdown()")
+
+    async def ashutdown(self) -> None:
         """Close the env (or pool) and stop collecting; idempotent."""
         if self._closed:
             return
@@ -462,7 +472,7 @@ class Collector:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
+        await self.ashutdown()
 
     def __repr__(self) -> str:
         mode = "streaming" if self.streaming else "lockstep"

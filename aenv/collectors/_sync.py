@@ -153,7 +153,7 @@ class SyncDataCollector:
     def shutdown(self) -> None:
         """Close the env and stop collecting; idempotent."""
         if not self.collector._closed:
-            self._run(self.collector.shutdown)
+            self._run(self.collector.ashutdown)
 
     def __enter__(self) -> SyncDataCollector:
         return self

@@ -663,6 +663,23 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         self._closed = True
         await self._aclose()
 
+    def close(self) -> None:
+        """Close the env from sync code (TorchRL's name); idempotent. In async code, and
+        inside any running event loop, use ``await env.aclose()`` (this raises
+        :class:`~aenv.exceptions.AsyncContextError` there)."""
+        if self._closed:
+            return
+        from aenv.sync._runner import run_blocking
+
+        run_blocking(self.aclose, api=f"{type(self).__name__}.close()", twin="await env.aclose()")
+
+    def append_transform(self, transform: Any) -> EnvBase:
+        """This env wrapped in a :class:`~aenv.TransformedEnv` with ``transform`` (TorchRL's
+        shortcut; a TransformedEnv appends to its own chain instead)."""
+        from aenv.transforms import TransformedEnv
+
+        return TransformedEnv(self, transform)
+
     async def __aenter__(self) -> EnvBase:
         return self
 

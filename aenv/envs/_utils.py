@@ -21,7 +21,7 @@ __all__ = [
     "EnvMetaData",
     "ExplorationType",
     "RandomPolicy",
-    "check_env_specs",
+    "acheck_env_specs",
     "exploration_type",
     "get_available_libraries",
     "set_exploration_type",
@@ -131,7 +131,7 @@ class EnvMetaData:
         return f"EnvMetaData(env={self.env_str}, batch_size={tuple(self.batch_size)}, device={self.device})"
 
 
-async def check_env_specs(
+async def acheck_env_specs(
     env: EnvBase,
     return_contiguous: bool = True,
     check_dtype: bool = True,
@@ -142,11 +142,19 @@ async def check_env_specs(
     """Check that what the env really outputs matches its specs; raises AssertionError if not.
 
     Runs a short rollout and compares it, key by key, with ``env.fake_tensordict()``: same
-    keys, shapes and (with ``check_dtype``) dtypes, and every value inside its spec.
+    keys, shapes and (with ``check_dtype``) dtypes, and every value inside its spec. The
+    coroutine twin of :func:`aenv.check_env_specs` (in :mod:`aenv.sync`).
 
     Example:
-        >>> await check_env_specs(CountingEnv())
+        >>> await acheck_env_specs(CountingEnv())
     """
+    from aenv.envs._common import EnvBase
+
+    if not isinstance(env, EnvBase):
+        raise TypeError(
+            f"acheck_env_specs checks an aenv env, got {type(env).__name__} (a sync facade "
+            "is checked with check_env_specs(facade))"
+        )
     if seed is not None:
         await env.set_seed(seed)
     if tensordict is not None:
@@ -218,4 +226,5 @@ def _dynamic_match(
 def get_available_libraries() -> dict[str, bool]:
     """Which optional libraries aenv can use here (name -> importable)."""
     names = ["gymnasium", "gym", "torchrl", "ray", "uvloop", "tqdm", "rich", "matplotlib"]
+    names += ["chess", "envpool", "imageio"]
     return {name: importlib.util.find_spec(name) is not None for name in names}

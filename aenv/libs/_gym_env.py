@@ -558,6 +558,22 @@ class GymWrapper(GymLikeEnv):
     async def _aclose(self) -> None:
         self._env.close()
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: public names are read from the gymnasium env
+        # (through its wrappers, e.g. ``GymEnv("Pendulum-v1").g``). Private names, and any name
+        # before ``_env`` is set (unpickling, copies), are not forwarded.
+        env = self.__dict__.get("_env")
+        if env is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            get = getattr(env, "get_wrapper_attr", None)
+            return get(name) if get is not None else getattr(env, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object and the gymnasium env it wraps have no "
+                f"attribute {name!r}"
+            ) from None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(env={self._env!r}, batch_size={tuple(self.batch_size)})"
 

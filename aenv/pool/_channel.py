@@ -160,9 +160,10 @@ class Channel:
             self._rbuf += chunk
             return self._parse(self._rbuf)
         # common case: the chunk holds whole frames only; skip the buffer copy
-        frames, rest = _split(chunk)
-        if rest:
-            self._rbuf += chunk[rest:]
+        frames, used = _split(chunk)
+        if used < len(chunk):
+            # the start of a frame (all of the chunk when one frame outgrows a read)
+            self._rbuf += chunk[used:]
         return frames
 
     def _parse(self, buf: bytearray) -> list[Any]:

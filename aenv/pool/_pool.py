@@ -620,10 +620,6 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             self._wake(op, None)
         await self._backend.aclose(self.close_timeout)
 
-    async def close(self) -> None:
-        """Same as :meth:`aclose` (the seeds' name)."""
-        await self.aclose()
-
 
 class CoroutineAsyncEnvPool(AsyncEnvPool):
     """:class:`AsyncEnvPool` on the coroutine backend (``backend="coroutine"``)."""

@@ -33,6 +33,21 @@ __all__ = ["ThreadBackend"]
 
 _STOP = None
 
+# Env factories run one at a time, each still in its own thread: two factories importing the
+# same package at once (``gymnasium.make`` imports an env's module on first use) can see it
+# partially initialised and fail with an ImportError. A factory that builds a thread pool of
+# its own holds the lock of its level while its envs are built: they take the next level's.
+_build_locks: list[threading.Lock] = []
+_build_locks_guard = threading.Lock()
+_build_level = threading.local()
+
+
+def _build_lock(level: int) -> threading.Lock:
+    with _build_locks_guard:
+        while len(_build_locks) <= level:
+            _build_locks.append(threading.Lock())
+        return _build_locks[level]
+
 
 class _Worker:
     """One thread hosting one env."""
@@ -62,6 +77,7 @@ class _Worker:
         self._lock = threading.Lock()
         self._exited = False
         self._on_exit: list[Callable[[], object]] = []
+        self._level: int = getattr(_build_level, "value", 0)
         self.thread = threading.Thread(target=self._main, name=f"aenv-env-{index}", daemon=True)
         self.thread.start()
 
@@ -70,7 +86,9 @@ class _Worker:
         try:
             env = None
             try:
-                env = self.fn()
+                with _build_lock(self._level):
+                    _build_level.value = self._level + 1
+                    env = self.fn()
                 if not isinstance(env, EnvBase):
                     raise TypeError(
                         f"an env factory must return an aenv EnvBase, got {type(env).__name__}"

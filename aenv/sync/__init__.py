@@ -7,12 +7,14 @@ where synchronous code touches an event loop; the facades (:class:`SyncEnv`,
 
 from __future__ import annotations
 
+from aenv.sync._checks import check_env_specs
 from aenv.sync._creator import EnvCreator
 from aenv.sync._facades import SerialEnv, SyncEnv, rollout
 from aenv.sync._parallel import ParallelEnv
 from aenv.sync._runner import Runner, get_runner, run_sync
 
 __all__ = [
+    "check_env_specs",
     "EnvCreator",
     "ParallelEnv",
     "Runner",

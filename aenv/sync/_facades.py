@@ -38,6 +38,9 @@ class SyncEnv:
         tensor([1., 2., 3.])
     """
 
+    #: read by TransformedEnv (a lower layer) to transform the facade's env
+    _aenv_sync_facade = True
+
     def __init__(self, env: EnvBase, *, runner: Runner | None = None) -> None:
         if isinstance(env, SyncEnv):
             env = env.env
@@ -57,6 +60,24 @@ class SyncEnv:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.env!r})"
+
+    def _rewrap(self, env: EnvBase) -> SyncEnv:
+        """A plain facade over ``env`` on this facade's runner."""
+        return SyncEnv(env, runner=self.__dict__["_runner"])
+
+    def append_transform(self, transform: Any) -> SyncEnv:
+        """A sync facade over the env with ``transform`` appended (outermost).
+
+        On a facade of a :class:`~aenv.TransformedEnv` the transform joins its chain and this
+        facade is returned; otherwise a new facade over ``TransformedEnv(self.env, transform)``.
+        """
+        from aenv.transforms import TransformedEnv
+
+        env = self.env
+        if isinstance(env, TransformedEnv):
+            env.append_transform(transform)
+            return self
+        return self._rewrap(TransformedEnv(env, transform))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -108,10 +129,10 @@ class SyncEnv:
         return self._run(self.env.set_seed, seed, static_seed)  # type: ignore[no-any-return]
 
     def check_env_specs(self, **kwargs: Any) -> None:
-        """:func:`aenv.check_env_specs` on the wrapped env, in one runner call."""
-        from aenv.envs._utils import check_env_specs
+        """:func:`aenv.acheck_env_specs` on the wrapped env, in one runner call."""
+        from aenv.envs._utils import acheck_env_specs
 
-        self._run(check_env_specs, self.env, **kwargs)
+        self._run(acheck_env_specs, self.env, **kwargs)
 
     def close(self) -> None:
         """Close the env (idempotent)."""

@@ -35,9 +35,9 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aenv.exceptions import BackendUnavailableError
+from aenv.exceptions import AsyncContextError, BackendUnavailableError
 
-__all__ = ["Runner", "get_runner", "run_sync"]
+__all__ = ["Runner", "get_runner", "run_blocking", "run_sync"]
 
 T = TypeVar("T")
 
@@ -442,6 +442,29 @@ def run_sync(
         42
     """
     return get_runner().run(async_fn, *args, timeout=timeout, **kwargs)
+
+
+def run_blocking(
+    async_fn: Callable[..., Awaitable[T]], /, *args: Any, api: str, twin: str, **kwargs: Any
+) -> T:
+    """The body of a sync API under a TorchRL name (``close()``, ``check_env_specs``...) whose
+    coroutine is its ``a``-prefixed twin: runs ``async_fn`` on the default runner from sync
+    code, and raises :class:`~aenv.exceptions.AsyncContextError` inside a running event loop
+    (blocking there would stall the loop, and the object may belong to it).
+
+    Example:
+        >>> import asyncio
+        >>> async def aping():
+        ...     return "pong"
+        >>> run_blocking(aping, api="ping()", twin="await aping()")
+        'pong'
+    """
+    if _get_running_loop() is not None:
+        raise AsyncContextError(
+            f"{api} was called inside a running event loop, where it would block: "
+            f"use `{twin}` there"
+        )
+    return get_runner().run(async_fn, *args, **kwargs)
 
 
 def _after_fork_in_child() -> None:

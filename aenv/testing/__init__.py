@@ -1,6 +1,7 @@
 """Mock envs for aenv's tests and for users' own tests."""
 
 from aenv.testing._counting import CountingEnv, NestedCountingEnv
+from aenv.testing._marl import MultiAgentCountingEnv
 from aenv.testing._mocks import (
     CpuBoundEnv,
     DynamicSpecEnv,
@@ -21,6 +22,7 @@ __all__ = [
     "GuessTextEnv",
     "HangingEnv",
     "LatencyEnv",
+    "MultiAgentCountingEnv",
     "NestedCountingEnv",
     "SyncLatencyEnv",
     "TextEnv",

@@ -288,6 +288,10 @@ class Transform(nn.Module):
     def transform_state_spec(self, state_spec: Composite) -> Composite:
         return self._map_specs(state_spec, list(zip(self.in_keys_inv, self.out_keys_inv)), True)
 
+    def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
+        """The batch size of the env seen through this transform (default: unchanged)."""
+        return batch_size
+
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         for name, fn in (
             ("full_observation_spec", self.transform_observation_spec),

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import torch
 from tensordict import TensorDictBase
 from torch import nn
 
@@ -156,6 +157,11 @@ class Compose(Transform):
     @property
     def _needs_inv(self) -> bool:
         return any(t._needs_inv for t in self)
+
+    def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
+        for t in self:
+            batch_size = t.transform_env_batch_size(batch_size)
+        return batch_size
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         for t in self:

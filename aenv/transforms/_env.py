@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import mask_merge, reduce_mask
-from aenv.envs._common import EnvBase
+from aenv.envs._common import EnvBase, _EnvMeta
 from aenv.specs import Composite
 from aenv.transforms._base import Transform
 from aenv.transforms._compose import Compose
@@ -17,7 +17,24 @@ from aenv.transforms._compose import Compose
 __all__ = ["TransformedEnv"]
 
 
-class TransformedEnv(EnvBase):
+class _TransformedEnvMeta(_EnvMeta):
+    """Lets ``TransformedEnv(facade, ...)`` transform a sync facade (``SerialEnv``,
+    ``ParallelEnv``, ``SyncEnv``): the transformed env wraps the facade's async env and comes
+    back as a sync facade on the same runner, so sync code keeps calling it synchronously."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        env: Any = args[0] if args else kwargs.get("env")
+        # a facade says what it is: this layer does not import the sync one above it
+        if getattr(type(env), "_aenv_sync_facade", False):
+            if args:
+                args = (env.env, *args[1:])
+            else:
+                kwargs["env"] = env.env
+            return env._rewrap(super().__call__(*args, **kwargs))
+        return super().__call__(*args, **kwargs)
+
+
+class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
     """An env whose inputs and outputs go through transforms on their way to a base env.
 
     Steps run the inverse transforms on (a shallow copy of) the input, await the base env's
@@ -26,8 +43,13 @@ class TransformedEnv(EnvBase):
     the transforms map them (cached, recomputed when transforms are added). Batch size,
     device and ``batch_locked`` come from the base env; unknown attributes are read from it.
 
+    A sync facade (``SerialEnv``, ``ParallelEnv``, ``SyncEnv``) is accepted as the base env:
+    ``TransformedEnv(ParallelEnv(4, make_env), StepCounter(10))`` transforms the facade's
+    async env and returns a sync facade (:class:`~aenv.sync.SyncEnv`) over the result, on
+    the same runner; ``facade.append_transform(t)`` does the same.
+
     Args:
-        env: the base env.
+        env: the base env (or a sync facade, see above).
         transform: a Transform (a Compose for several), or None to add them later.
         cache_specs: kept for TorchRL compatibility; specs are always cached and recomputed
             when the transform chain changes (call ``env.transform_changed()`` after changing a
@@ -76,6 +98,8 @@ class TransformedEnv(EnvBase):
         out.unlock_()
         inp = base.input_spec.clone()
         inp.unlock_()
+        # the batch size first: spec hooks (e.g. BatchSizeTransform's) may depend on it
+        self.batch_size = self.transform.transform_env_batch_size(base.batch_size)
         out = self.transform.transform_output_spec(out)
         inp = self.transform.transform_input_spec(inp)
         self.__dict__["output_spec"] = out
@@ -161,6 +185,9 @@ class TransformedEnv(EnvBase):
     ) -> TensorDictBase:
         transform = self.transform
         td_in = None
+        if tensordict is None and self.batch_size != self.base_env.batch_size:
+            # a transform changed the batch size: the base env resets a batch of that size
+            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
         if tensordict is not None:
             td_in = tensordict.select(*self.reset_keys, *self.state_keys, strict=False)
             td_in = transform._reset_env_preprocess(td_in)

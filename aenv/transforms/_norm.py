@@ -31,8 +31,9 @@ class ObservationNorm(Transform):
     with ``standard_normal=True``.
 
     ``loc`` and ``scale`` are buffers (they travel with ``state_dict``); when not given,
-    ``await transform.init_stats(num_iter)`` estimates them from rollouts of the parent env
-    so that outputs have zero mean and unit variance. Bounded specs get mapped bounds.
+    ``transform.init_stats(num_iter)`` (in async code ``await transform.ainit_stats(num_iter)``)
+    estimates them from rollouts of the parent env so that outputs have zero mean and unit
+    variance. Bounded specs get mapped bounds.
 
     Args:
         loc: offset (tensor or float), or None to initialize with ``init_stats``.
@@ -46,7 +47,7 @@ class ObservationNorm(Transform):
     Example:
         >>> t = ObservationNorm(in_keys=["th"], standard_normal=True)
         >>> env = TransformedEnv(PendulumEnv(), t)
-        >>> await t.init_stats(num_iter=100)
+        >>> await t.ainit_stats(num_iter=100)
         >>> r = await env.rollout(100)
     """
 
@@ -81,7 +82,7 @@ class ObservationNorm(Transform):
     def _params(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.loc is None or self.scale is None:
             raise RuntimeError(
-                "ObservationNorm has no loc/scale yet: pass them or `await t.init_stats(...)`"
+                "ObservationNorm has no loc/scale yet: pass them or call t.init_stats(...) (await t.ainit_stats(...) in async code)"
             )
         return self.loc, self.scale
 
@@ -105,7 +106,30 @@ class ObservationNorm(Transform):
             return spec
         return _affine_spec(spec, lambda t: self._apply_transform(t.to(torch.float32)).to(t.dtype))
 
-    async def init_stats(
+    def init_stats(
+        self,
+        num_iter: int,
+        reduce_dim: int | tuple[int, ...] = 0,
+        cat_dim: int | None = None,
+        key: NestedKey | None = None,
+        keep_dims: tuple[int, ...] | None = None,
+    ) -> None:
+        """:meth:`ainit_stats` from sync code (TorchRL's name); inside a running event loop
+        it raises :class:`~aenv.exceptions.AsyncContextError`: await ``ainit_stats`` there."""
+        from aenv.sync._runner import run_blocking
+
+        run_blocking(
+            self.ainit_stats,
+            num_iter,
+            reduce_dim,
+            cat_dim,
+            key,
+            keep_dims,
+            api="ObservationNorm.init_stats()",
+            twin="await transform.ainit_stats(...)",
+        )
+
+    async def ainit_stats(
         self,
         num_iter: int,
         reduce_dim: int | tuple[int, ...] = 0,

@@ -23,7 +23,7 @@ def ones_policy(td):
 
 async def batches(collector: Collector) -> list:
     out = [b async for b in collector]
-    await collector.shutdown()
+    await collector.ashutdown()
     return out
 
 
@@ -74,7 +74,7 @@ async def test_endless_collector():
         if n == 7:
             break
     assert c._frames == 14
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_max_frames_per_traj_truncates():
@@ -84,7 +84,7 @@ async def test_max_frames_per_traj_truncates():
     assert b["next", "truncated"].squeeze(-1).tolist() == [0, 0, 1, 0, 0, 1, 0]
     assert b["next", "observation"].squeeze(-1).tolist() == [1, 2, 3, 1, 2, 3, 1]
     assert b["collector", "traj_ids"].tolist() == [0, 0, 0, 1, 1, 1, 2]
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_init_random_frames_rounds_up_to_batches():
@@ -202,7 +202,7 @@ async def test_interruptor_ends_batch_early():
     assert b.batch_size == torch.Size([3])  # the step after stop_collection() is not taken
     interruptor.start_collection()
     assert (await c.rollout()).batch_size == torch.Size([10])
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_set_truncated():
@@ -213,7 +213,7 @@ async def test_set_truncated():
     assert b["next", "done"].squeeze(-1).tolist() == [False, False, False, True]
     with pytest.raises(RuntimeError, match="add_truncated_keys"):
         Collector(CountingEnv(), None, frames_per_batch=4, set_truncated=True)
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_exploration_type_and_devices():
@@ -234,7 +234,7 @@ async def test_exploration_type_and_devices():
     assert seen == [ExplorationType.DETERMINISTIC] * 2
     assert c.storing_device == c.policy_device == c.env_device == torch.device("cpu")
     assert b.device == torch.device("cpu")
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_reset_index_and_set_seed():
@@ -248,7 +248,7 @@ async def test_reset_index_and_set_seed():
     assert b["collector", "traj_ids"][:, 0].tolist() == [0, 3, 2]
     assert await c.set_seed(5) == 5  # a single (batched) env: its own seed
     assert env.seed == 5
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_state_dict_round_trip_restores_counters_and_weights():
@@ -268,7 +268,7 @@ async def test_state_dict_round_trip_restores_counters_and_weights():
     got = await batches(c2)
     assert len(got) == 2  # 10 of 20 frames were already counted
     assert int(got[0]["collector", "traj_ids"].min()) >= 6  # ids never reused
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_update_policy_weights():
@@ -277,7 +277,7 @@ async def test_update_policy_weights():
     new = TensorDict.from_module(net).clone().zero_()
     c.update_policy_weights_(new)
     assert float(net.module.weight.detach()) == 0.0 == float(net.module.bias.detach())
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_shutdown_closes_env_and_is_idempotent():
@@ -285,7 +285,7 @@ async def test_shutdown_closes_env_and_is_idempotent():
     async with Collector(env, None, frames_per_batch=2) as c:
         await c.rollout()
     assert env.is_closed
-    await c.shutdown()
+    await c.ashutdown()
     with pytest.raises(aenv.EnvClosedError):
         await c.rollout()
 
@@ -295,7 +295,7 @@ async def test_reset_when_done_false_keeps_stepping():
     b = await c.rollout()
     assert b["next", "observation"].squeeze(-1).tolist() == [1, 2, 3, 4]
     assert b["collector", "traj_ids"].tolist() == [0, 0, 0, 0]
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_progress_bar(capsys):
@@ -305,4 +305,4 @@ async def test_progress_bar(capsys):
     assert "100%" in err and "frames/s" in err
     with pytest.raises(ValueError, match="progress"):
         [b async for b in Collector(CountingEnv(), None, frames_per_batch=4, progress="bar")]
-    await c.shutdown()
+    await c.ashutdown()

@@ -25,7 +25,7 @@ async def collect_one(policy, env=None, **kw):
     try:
         return c, await c.rollout()
     finally:
-        await c.shutdown()
+        await c.ashutdown()
 
 
 async def test_tensordict_module():
@@ -98,7 +98,7 @@ async def test_compile_policy():
     with torch.no_grad():
         expected = policy.module(b["observation"])
     torch.testing.assert_close(b["action"], expected)
-    await c.shutdown()
+    await c.ashutdown()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is missing")
@@ -122,4 +122,4 @@ async def test_policy_device_copy_and_weight_update():
     b = await c.rollout()
     assert b["action"].flatten().tolist() == [0.5] * 3
     assert b.device is None or b.device.type == "cpu"
-    await c.shutdown()
+    await c.ashutdown()

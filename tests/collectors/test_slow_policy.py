@@ -40,7 +40,7 @@ async def test_a_slow_policy_call_does_not_gate_other_envs(backend):
     assert len(idx) == 12 and idx.count(1) + idx.count(2) >= 6
     # (with the policy calls awaited one after the other, env 0's hung call would have
     # stopped every env, and the event would never be set: a timeout)
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_policy_error_is_raised_unwrapped():
@@ -50,4 +50,4 @@ async def test_policy_error_is_raised_unwrapped():
     c = Collector(AsyncEnvPool([CountingEnv] * 2), policy, frames_per_batch=4, trust_policy=True)
     with pytest.raises(ValueError, match="policy broke"):
         await c.rollout()
-    await c.shutdown()
+    await c.ashutdown()

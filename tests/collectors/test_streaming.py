@@ -23,7 +23,7 @@ async def test_streaming_is_the_default_on_pools_and_frames_carry_env_and_traj()
     c = Collector(counting_pool(2, max_steps=2), None, frames_per_batch=5, total_frames=10)
     assert c.streaming
     got = [b async for b in c]
-    await c.shutdown()
+    await c.ashutdown()
     assert [b.batch_size for b in got] == [torch.Size([5])] * 2
     assert got[0].names == ["time"]
     frames = torch.cat(got)
@@ -47,7 +47,7 @@ async def test_list_of_factories_builds_a_streaming_pool():
     assert sorted(b["env_index"].tolist()) == [0, 0, 1, 1, 2, 2]
     assert await c.set_seed(1) == 3  # env i gets 1 + i: the last env's seed
     assert await c.env.get_attr("seed") == [1, 2, 3]
-    await c.shutdown()
+    await c.ashutdown()
     assert c.env.is_closed
 
 
@@ -57,12 +57,12 @@ async def test_fast_envs_contribute_more_frames_than_slow_ones():
     b = await c.rollout()
     counts = torch.bincount(b["env_index"], minlength=3).tolist()
     assert counts[0] + counts[1] >= 39 and counts[2] <= 1
-    await c.shutdown()
+    await c.ashutdown()
     # lockstep on the same envs: every env gives as many frames
     c = Collector(AsyncEnvPool(fns), None, frames_per_batch=3, streaming=False)
     b = await c.rollout()
     assert b.batch_size == torch.Size([3, 1])
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_max_frames_per_traj_in_streaming():
@@ -76,7 +76,7 @@ async def test_max_frames_per_traj_in_streaming():
         ids = mine["collector", "traj_ids"].tolist()
         assert ids[0] == ids[2] != ids[3] == ids[5]
     assert "truncated" in b.keys()  # every frame has the same keys
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_failing_env_restarts_truncated_and_collection_goes_on():
@@ -95,7 +95,7 @@ async def test_failing_env_restarts_truncated_and_collection_goes_on():
     assert bad["next", "observation"].squeeze(-1).tolist()[3:5] == [1, 2]
     assert (frames["env_index"] == 0).sum() >= 12  # the healthy env never stopped
     assert "kaboom" in str(pool.last_errors[1])
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_failing_env_without_restart_raises():
@@ -103,7 +103,7 @@ async def test_failing_env_without_restart_raises():
     c = Collector(AsyncEnvPool(fns), None, frames_per_batch=10)
     with pytest.raises(EnvStepError):
         await c.rollout()
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_split_trajectories_of_a_stream():
@@ -122,7 +122,7 @@ async def test_split_trajectories_of_a_stream():
         n = int(mask[row].sum())
         assert b["env_index"][row, :n].unique().numel() == 1
         assert b["collector", "traj_ids"][row, :n].unique().numel() == 1
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_reset_at_each_iter_and_set_truncated_in_streaming():
@@ -135,7 +135,7 @@ async def test_reset_at_each_iter_and_set_truncated_in_streaming():
             mine = b[b["env_index"] == e]
             assert mine["next", "observation"].squeeze(-1).tolist() == [1, 2]
             assert mine["next", "truncated"].squeeze(-1).tolist() == [False, True]
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_carry_over_and_reset_index():
@@ -150,7 +150,7 @@ async def test_carry_over_and_reset_index():
     b2 = await c.rollout()
     first0 = b2[b2["env_index"] == 0]["next", "observation"].squeeze(-1).tolist()
     assert first0[0] == 1  # env 0 restarted
-    await c.shutdown()
+    await c.ashutdown()
 
 
 def recording_policy(calls: list[int]):
@@ -168,7 +168,7 @@ async def test_min_batch_waits_for_enough_ready_envs():
     c = Collector(AsyncEnvPool(fns), recording_policy(calls), frames_per_batch=12, min_batch=3)
     await c.rollout()
     assert calls == [3, 3, 3, 3]  # never a partial batch: every call waits for all three
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_max_wait_runs_the_policy_on_what_is_ready():
@@ -181,7 +181,7 @@ async def test_max_wait_runs_the_policy_on_what_is_ready():
     b = await c.rollout()
     assert calls[0] == 4 and max(calls[1:]) <= 3
     assert sorted(set(b["env_index"].tolist())) == [0, 1, 2]
-    await c.shutdown()
+    await c.ashutdown()
 
 
 def test_streaming_needs_a_pool():
@@ -207,7 +207,7 @@ async def test_split_trajectories_function_on_lockstep_data():
     # without trajectory ids, they are read from the done flags along time
     out2 = split_trajectories(b.exclude("collector"))
     assert out2["collector", "mask"].sum(-1).tolist() == [2, 2, 1, 3, 2]  # env by env
-    await c.shutdown()
+    await c.ashutdown()
 
 
 async def test_envs_idle_after_the_last_batch():
@@ -218,4 +218,4 @@ async def test_envs_idle_after_the_last_batch():
     assert c._engine.in_flight == 0
     td = await pool.rand_step(await pool.reset())  # the pool is free for other work
     assert td.batch_size == torch.Size([2])
-    await c.shutdown()
+    await c.ashutdown()

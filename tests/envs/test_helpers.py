@@ -13,7 +13,7 @@ from aenv import (
     PendulumEnv,
     RandomPolicy,
     Unbounded,
-    check_env_specs,
+    acheck_env_specs,
     exploration_type,
     get_available_libraries,
     set_exploration_type,
@@ -46,12 +46,12 @@ from aenv.testing import (
 async def test_check_env_specs_passes_on_testing_envs(make):
     env = make()
     contiguous = not isinstance(env, (DynamicSpecEnv, TextEnv))
-    await check_env_specs(env, return_contiguous=contiguous, seed=0)
+    await acheck_env_specs(env, return_contiguous=contiguous, seed=0)
 
 
 async def test_check_env_specs_batched_pendulum():
     env = PendulumEnv(seed=0)
-    await check_env_specs(env, tensordict=TensorDict({}, [5]))
+    await acheck_env_specs(env, tensordict=TensorDict({}, [5]))
 
 
 async def test_check_env_specs_catches_lying_env():
@@ -62,7 +62,7 @@ async def test_check_env_specs_catches_lying_env():
             return out
 
     with pytest.raises(AssertionError, match="dtype"):
-        await check_env_specs(Liar())
+        await acheck_env_specs(Liar())
 
     class Undeclared(CountingEnv):
         def _step(self, td):
@@ -71,7 +71,7 @@ async def test_check_env_specs_catches_lying_env():
             return out
 
     with pytest.raises(AssertionError, match="secret"):
-        await check_env_specs(Undeclared())
+        await acheck_env_specs(Undeclared())
 
 
 def test_step_mdp_moves_next_and_keeps_other():

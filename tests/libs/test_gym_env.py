@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from aenv import check_env_specs
+from aenv import acheck_env_specs
 from aenv.exceptions import BackendUnavailableError, BatchSizeError
 from aenv.libs.gym import (
     DefaultInfoDictReader,
@@ -50,7 +50,7 @@ async def test_cartpole_specs_and_step():
         assert td["next", "reward"].item() == r
         assert td["next", "terminated"].item() == term
         td = env._step_mdp(td)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     await env.aclose()
 
 
@@ -94,7 +94,7 @@ async def test_pendulum_and_make_kwargs():
     r = await env.rollout(10)
     assert r["next", "reward"].shape == (10, 1)
     assert r["action"].dtype == torch.float32
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_mountaincar_continuous():
@@ -118,7 +118,7 @@ async def test_frozenlake_discrete_obs():
     assert isinstance(oh.observation_spec["observation"], OneHot)
     td = await oh.reset(seed=0)
     assert td["observation"].sum() == 1 and td["observation"][0] == 1
-    await check_env_specs(oh)
+    await acheck_env_specs(oh)
 
 
 async def test_dict_observation(dict_env):
@@ -129,7 +129,7 @@ async def test_dict_observation(dict_env):
     r = await env.rollout(10)
     assert r["next", "steps"].shape[-1] == 7  # one-hot of Discrete(7)
     assert bool(r["next", "done"][-1])
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_tuple_observation(tuple_env):
@@ -153,7 +153,7 @@ async def test_info_reader_default(dict_env):
     assert td["next", "t"].item() == 1
     expected = float(td["next", "position"].abs().sum())
     assert td["next", "dist"].item() == pytest.approx(expected)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_info_reader_explicit_spec(dict_env):
@@ -176,7 +176,7 @@ async def test_pixels_cartpole():
     assert not torch.equal(r["pixels"][0], r["next", "pixels"][0]) or r["action"].sum() == 0
     only = GymEnv("CartPole-v1", from_pixels=True, pixels_only=True)
     assert only.observation_keys == ["pixels"]
-    await check_env_specs(only)
+    await acheck_env_specs(only)
     with pytest.raises(ValueError, match="pixels_only"):
         GymEnv("CartPole-v1", pixels_only=True)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from aenv import check_env_specs
+from aenv import acheck_env_specs
 from aenv.envs._gymlike import GymLikeEnv
 from aenv.libs.gym import GymEnv, GymWrapper
 from aenv.specs import Categorical, Composite, Unbounded
@@ -50,7 +50,7 @@ async def test_fast_path_matches_generic_path(env_id, kwargs):
         va, vb = a.get(key), b.get(key)
         assert va.dtype == vb.dtype and va.shape == vb.shape, key
         assert torch.equal(va, vb), key
-    await check_env_specs(fast)
+    await acheck_env_specs(fast)
     await fast.aclose()
     await slow.aclose()
 
@@ -117,7 +117,7 @@ async def test_fast_path_converts_odd_backend_values():
     assert r["next", "done"].dtype == torch.bool
     assert r["next", "done"].squeeze(-1).tolist() == [False, False, True]
     assert r["next", "reward"].dtype == torch.float32
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_fast_path_copies_read_only_observations():
@@ -199,7 +199,7 @@ async def test_reward_follows_the_reward_spec_dtype():
     r = await env.rollout(3)
     assert r["next", "reward"].dtype == torch.float64
     assert r["next", "reward"].squeeze(-1).tolist() == [0.5, 0.5, 0.5]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])

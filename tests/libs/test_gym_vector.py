@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from aenv import check_env_specs
+from aenv import acheck_env_specs
 from aenv.exceptions import ResetNeededError
 from aenv.libs.gym import DefaultInfoDictReader, GymEnv, GymWrapper
 from aenv.specs import Composite, Unbounded
@@ -103,7 +103,7 @@ async def test_vector_partial_step_of_live_env_rejected():
 async def test_vector_async_backend_and_specs():
     env = GymEnv("CartPole-v1", num_envs=2, vectorization_mode="async")
     try:
-        await check_env_specs(env)
+        await acheck_env_specs(env)
         r = await env.rollout(30, break_when_any_done=False)
         assert r.batch_size == (2, 30)
     finally:

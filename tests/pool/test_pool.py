@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import LazyStackedTensorDict
 
-from aenv import BatchSizeError, PendulumEnv, SpecError, check_env_specs
+from aenv import BatchSizeError, PendulumEnv, SpecError, acheck_env_specs
 from aenv.exceptions import BackendUnavailableError
 from aenv.pool import AsyncEnvPool, CoroutineAsyncEnvPool, ThreadingAsyncEnvPool
 from aenv.testing import CountingEnv, LatencyEnv, NestedCountingEnv
@@ -26,7 +26,7 @@ async def test_batch_size_specs_and_check(backend):
     async with counting_pool(backend) as pool:
         assert pool.batch_size == torch.Size([3])
         assert pool.observation_spec["observation"].shape == torch.Size([3, 1])
-        await check_env_specs(pool)
+        await acheck_env_specs(pool)
 
 
 async def test_backend_classes_and_names():
@@ -96,7 +96,7 @@ async def test_nested_sub_batched_envs(backend):
         assert pool.batch_size == torch.Size([2, 3])
         td = await pool.rollout(4, break_when_any_done=False)
         assert td["next", "agents", "observation"].shape == torch.Size([2, 3, 4, 2, 1])
-        await check_env_specs(pool)
+        await acheck_env_specs(pool)
 
 
 async def test_set_seed_distinct_and_reproducible(backend):
@@ -141,7 +141,7 @@ async def test_heterogeneous_needs_lazy(backend):
         s0_result = await pool.async_step_recv()
         assert s0_result["env_index"].tolist() == [0]
         assert "th" in s0_result["next"].keys()
-        await pool.close()
+        await pool.aclose()
 
 
 async def test_wrong_batch_shape(backend):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import PendulumEnv, check_env_specs
+from aenv import PendulumEnv, acheck_env_specs
 from aenv.specs import Bounded, Unbounded
 from aenv.testing import CountingEnv, NestedCountingEnv
 from aenv.transforms import (
@@ -52,7 +52,7 @@ async def test_forward_on_step_and_reset():
     assert r["next", "obs2"].squeeze(-1).tolist() == [2.0, 4.0, 6.0]
     assert r["next", "observation"].squeeze(-1).tolist() == [1.0, 2.0, 3.0]
     assert "obs2" in env.observation_spec.keys()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_async_transform_is_awaited_sync_one_is_not():
@@ -65,7 +65,7 @@ async def test_async_transform_is_awaited_sync_one_is_not():
     sync = Compose(Double(in_keys=["observation"]))
     out = sync._call(TensorDict(observation=torch.ones(1)))
     assert not asyncio.iscoroutine(out)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_compose_indexing_parent_and_clone():
@@ -114,7 +114,7 @@ async def test_append_insert_recompute_specs():
     env.insert_transform(0, RewardSum())
     assert [type(t) for t in env.transform] == [RewardSum, StepCounter]
     assert "episode_reward" in env.observation_spec.keys()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_double_to_float_inverse_example():
@@ -134,7 +134,7 @@ async def test_double_to_float_inverse_example():
     td["action"] = torch.zeros(1)
     out = await env.step(td)
     assert out["action"].dtype == torch.float32  # the user's entry is untouched
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_batched_and_batch_unlocked():
@@ -146,14 +146,14 @@ async def test_batched_and_batch_unlocked():
     # element 0 is done at step 2 and reset: counters restart only there
     assert r["next", "step_count"][0].squeeze(-1).tolist() == [1, 2, 1, 2]
     assert r["next", "step_count"][1].squeeze(-1).tolist() == [1, 2, 3, 4]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     pend = TransformedEnv(PendulumEnv(), Compose(StepCounter(), RewardSum()))
     assert not pend.batch_locked
     td = await pend.reset(TensorDict({}, [5]))
     r = await pend.rollout(3, tensordict=td, auto_reset=False)
     assert r["next", "step_count"].shape == (5, 3, 1)
     assert r["next", "step_count"][:, -1].squeeze(-1).tolist() == [3] * 5
-    await check_env_specs(pend, tensordict=TensorDict({}, [5]))
+    await acheck_env_specs(pend, tensordict=TensorDict({}, [5]))
 
 
 async def test_partial_steps_on_transformed_envs():
@@ -179,12 +179,12 @@ async def test_nested_env_and_attributes_fall_through():
     assert env.n_agents == 2  # read from the base env
     with pytest.raises(AttributeError):
         _ = env._not_there
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     inner = TransformedEnv(CountingEnv(), StepCounter(step_count_key="inner"))
     outer = TransformedEnv(inner, RewardSum())
     r = await outer.rollout(3)
     assert r["next", "inner"].squeeze(-1).tolist() == [1, 2, 3]
-    await check_env_specs(outer)
+    await acheck_env_specs(outer)
 
 
 async def test_seed_and_close_forward():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import EnvBase, check_env_specs
+from aenv import EnvBase, acheck_env_specs
 from aenv.libs.gym import GymEnv
 from aenv.specs import Bounded, Categorical, Composite, OneHot
 from aenv.testing import CountingEnv
@@ -109,7 +109,7 @@ async def test_auto_reset_batched_partial():
     assert obs[done].isnan().all()
     assert r["observation"][0].squeeze(-1).tolist()[:4] == [0.0, 1.0, 0.0, 1.0]
     assert r["next", "step_count"][0].squeeze(-1).tolist() == [1, 2, 1, 2, 1, 2]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_seed_compose_example_pixel_cartpole():
@@ -121,5 +121,5 @@ async def test_seed_compose_example_pixel_cartpole():
     resize_parent = env.transform[-1].parent
     assert isinstance(resize_parent.transform[0], ToTensorImage)
     assert resize_parent.observation_spec["pixels"].shape[-2:] == (400, 600)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     await env.aclose()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import PendulumEnv, check_env_specs
+from aenv import PendulumEnv, acheck_env_specs
 from aenv.libs.gym import GymEnv
 from aenv.specs import Bounded, Composite, Unbounded
 from aenv.testing import CountingEnv
@@ -48,7 +48,7 @@ async def test_double_to_float_auto_keys():
     assert r["next", "observation"].dtype == torch.float32
     td = await env.reset(TensorDict(offset=torch.zeros(1)))
     assert td["observation"].dtype == torch.float32
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_dtype_cast_explicit_keys():
@@ -60,7 +60,7 @@ async def test_dtype_cast_explicit_keys():
     assert r["next", "observation"].dtype == torch.float64
     assert r["next", "reward"].dtype == torch.float64
     assert env.reward_spec.dtype == torch.float64
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_double_to_float_bounded_spec_on_pendulum():
@@ -73,7 +73,7 @@ async def test_double_to_float_bounded_spec_on_pendulum():
     assert isinstance(env.observation_spec["th"], Bounded)
     assert env.observation_spec["th"].dtype == torch.float64
     assert env.action_spec.dtype == torch.float64
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_device_cast_cpu():
@@ -81,7 +81,7 @@ async def test_device_cast_cpu():
     assert env.device == torch.device("cpu")
     td = await env.reset()
     assert td.device == torch.device("cpu")
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -89,7 +89,7 @@ async def test_device_cast_cuda():
     env = TransformedEnv(PendulumEnv(device="cpu"), DeviceCastTransform("cuda"))
     r = await env.rollout(3)
     assert r["next", "th"].device.type == "cuda"
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_observation_norm_fixed_and_init_stats():
@@ -97,18 +97,18 @@ async def test_observation_norm_fixed_and_init_stats():
     env = TransformedEnv(CountingEnv(max_steps=5), t)
     r = await env.rollout(2)
     assert r["next", "observation"].squeeze(-1).tolist() == [3.0, 5.0]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     norm = ObservationNorm(in_keys=["th"], standard_normal=True)
     pend = TransformedEnv(PendulumEnv(seed=0), norm)
     with pytest.raises(RuntimeError, match="init_stats"):
         await pend.rollout(2)
-    await norm.init_stats(num_iter=200)
+    await norm.ainit_stats(num_iter=200)
     assert norm.loc.shape == () and norm.scale.shape == ()
     assert "loc" in norm.state_dict()
     raw = await norm.parent.rollout(200)
     assert abs(((raw["next", "th"] - norm.loc) / norm.scale).mean().item()) < 0.5
     assert isinstance(pend.observation_spec["th"], Bounded)  # bounds mapped
-    await check_env_specs(pend)
+    await acheck_env_specs(pend)
 
 
 async def test_vecnorm_normalizes_and_partial_reset():
@@ -118,7 +118,7 @@ async def test_vecnorm_normalizes_and_partial_reset():
     r = await env.rollout(50, tensordict=td, auto_reset=False)
     assert abs(r["next", "thdot"].mean().item()) < 0.3
     assert 0.5 < r["next", "thdot"].std().item() < 1.5
-    await check_env_specs(env, tensordict=TensorDict({}, [16]))
+    await acheck_env_specs(env, tensordict=TensorDict({}, [16]))
     count = t.count_0.item()
     # a partial reset updates the statistics with the reset elements only
     env2 = TransformedEnv(CountingEnv(batch_size=(4,)), VecNorm(decay=1.0))
@@ -139,4 +139,4 @@ async def test_vecnorm_on_cartpole():
     env = TransformedEnv(GymEnv("CartPole-v1"), VecNorm(decay=0.99))
     r = await env.rollout(20)
     assert torch.isfinite(r["next", "observation"]).all()
-    await check_env_specs(env)
+    await acheck_env_specs(env)

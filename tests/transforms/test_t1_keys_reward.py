@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import PendulumEnv, check_env_specs
+from aenv import PendulumEnv, acheck_env_specs
 from aenv.libs.gym import GymEnv
 from aenv.specs import Bounded, Unbounded
 from aenv.testing import CountingEnv
@@ -35,7 +35,7 @@ async def test_rename_forward_and_inverse():
     out = await env.step(td)
     assert out["next", "count"].item() == 1.0
     assert "action" not in out.keys()  # the user's td keeps the outer names
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_rename_state_of_pendulum_and_copy():
@@ -46,13 +46,13 @@ async def test_rename_state_of_pendulum_and_copy():
     td = await env.reset(TensorDict({}, [3]))
     r = await env.rollout(3, tensordict=td, auto_reset=False)
     assert r["next", "angle"].shape == (3, 3)
-    await check_env_specs(env, tensordict=TensorDict({}, [3]))
+    await acheck_env_specs(env, tensordict=TensorDict({}, [3]))
     copy = TransformedEnv(
         CountingEnv(), RenameTransform(["observation"], ["obs"], create_copy=True)
     )
     r = await copy.rollout(2)
     assert torch.equal(r["next", "obs"], r["next", "observation"])
-    await check_env_specs(copy)
+    await acheck_env_specs(copy)
 
 
 async def test_exclude_and_select():
@@ -60,17 +60,17 @@ async def test_exclude_and_select():
     assert "observation" not in env.observation_spec.keys()
     r = await env.rollout(2)
     assert "observation" not in r["next"].keys()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     with pytest.raises(ValueError):
         TransformedEnv(CountingEnv(), ExcludeTransform("reward"))
     sel = TransformedEnv(PendulumEnv(), SelectTransform("th", "thdot", "params"))
     td = await sel.reset()
     assert set(td.keys()) >= {"th", "thdot"}
-    await check_env_specs(sel)
+    await acheck_env_specs(sel)
     only = TransformedEnv(CountingEnv(), SelectTransform("nothing"))
     r = await only.rollout(2)
     assert set(r["next"].keys()) == {"reward", "done", "terminated"}
-    await check_env_specs(only)
+    await acheck_env_specs(only)
     inv = TransformedEnv(CountingEnv(), ExcludeTransform("extra", inverse=True))
     td = await inv.reset()
     td["extra"] = torch.zeros(1)
@@ -82,14 +82,14 @@ async def test_reward_scaling_and_clipping():
     env = TransformedEnv(CountingEnv(), RewardScaling(loc=1.0, scale=0.5))
     r = await env.rollout(2)
     assert r["next", "reward"].squeeze(-1).tolist() == [1.5, 1.5]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     norm = TransformedEnv(CountingEnv(), RewardScaling(loc=1.0, scale=2.0, standard_normal=True))
     assert (await norm.rollout(1))["next", "reward"].item() == 0.0
     clip = TransformedEnv(PendulumEnv(), RewardClipping(-1.0, 0.0))
     assert isinstance(clip.reward_spec, Bounded)
     r = await clip.rollout(10)
     assert r["next", "reward"].min() >= -1.0 and r["next", "reward"].max() <= 0.0
-    await check_env_specs(clip)
+    await acheck_env_specs(clip)
     half = TransformedEnv(CountingEnv(), RewardClipping(clamp_max=0.5))
     assert isinstance(half.reward_spec, Unbounded)
     assert (await half.rollout(1))["next", "reward"].item() == 0.5

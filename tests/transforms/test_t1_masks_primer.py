@@ -8,7 +8,7 @@ from functools import partial
 import torch
 from tensordict import TensorDict
 
-from aenv import EnvBase, PendulumEnv, check_env_specs
+from aenv import EnvBase, PendulumEnv, acheck_env_specs
 from aenv.libs.gym import GymEnv
 from aenv.pool import AsyncEnvPool
 from aenv.specs import Binary, Categorical, Composite, Unbounded
@@ -64,7 +64,7 @@ async def test_action_mask_random_policy_is_always_allowed():
     with_mask = TransformedEnv(MaskedEnv(), ActionMask())
     r = await with_mask.rollout(50)  # the default policy is env.rand_action
     assert r.batch_size == (50,)
-    await check_env_specs(with_mask)
+    await acheck_env_specs(with_mask)
     batched = TransformedEnv(MaskedEnv(batch_size=(4,)), ActionMask())
     r = await batched.rollout(20)
     assert r.batch_size == (4, 20)
@@ -104,7 +104,7 @@ async def test_conditional_skip_seed_example():
     assert r["step_count"].squeeze(-1).tolist() == list(range(10))
     obs = r["th"]
     assert torch.equal(obs[1], obs[2]) and torch.equal(obs[3], obs[4])
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_conditional_skip_batched_and_async_cond():
@@ -145,13 +145,13 @@ async def test_primer():
     td["_reset"] = torch.tensor([[True], [False]])
     td = await env.reset(td)
     assert td["hidden"][:, 0].tolist() == [1.0, 4.0]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     rnd = TransformedEnv(
         GymEnv("CartPole-v1"), TensorDictPrimer({"h": Unbounded((2, 4))}, random=True)
     )
     td = await rnd.reset()
     assert td["h"].shape == (2, 4)
-    await check_env_specs(rnd)
+    await acheck_env_specs(rnd)
 
 
 def _transformed_counting(max_steps):
@@ -167,7 +167,7 @@ async def test_transformed_env_as_pool_sub_env(backend="coroutine"):
             r = await pool.rollout(4, break_when_any_done=False)
             assert r["next", "step_count"][0].squeeze(-1).tolist() == [1, 2, 1, 2]
             assert r["next", "episode_reward"][2].squeeze(-1).tolist() == [1.0, 2.0, 3.0, 4.0]
-            await check_env_specs(pool)
+            await acheck_env_specs(pool)
 
 
 async def test_transforms_on_a_pool():
@@ -176,6 +176,6 @@ async def test_transforms_on_a_pool():
     r = await env.rollout(4, break_when_any_done=False)
     assert r["next", "step_count"][0].squeeze(-1).tolist() == [1, 2, 1, 2]
     assert r["next", "episode_reward"][1].squeeze(-1).tolist() == [1.0, 2.0, 3.0, 1.0]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     await env.aclose()
     assert pool.is_closed

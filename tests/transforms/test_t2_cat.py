@@ -23,7 +23,7 @@ async def test_cat_tensors_pendulum_keeps_state():
     torch.testing.assert_close(spec.high, torch.tensor([torch.pi, 8.0]))
     r = await env.rollout(3)
     torch.testing.assert_close(r["obs"], torch.stack([r["th"], r["thdot"]], -1))
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     td = await env.reset(TensorDict({}, batch_size=[5]))
     assert td["obs"].shape == (5, 2)
 
@@ -35,13 +35,13 @@ async def test_cat_tensors_deletes_keys():
     assert env.observation_spec["vec"].shape == (4,)
     td = await env.rand_step(await env.reset())
     assert "observation" not in td["next"].keys() and td["next", "vec"].shape == (4,)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_cat_tensors_default_keys_and_unsorted():
     env = TransformedEnv(LatencyEnv(obs_dim=2), CatTensors(out_key="vec", sort=False))
     assert env.transform[0].in_keys == ["observation", "latency"]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     with pytest.raises(ValueError):
         CatTensors(["a"], dim=0)
 
@@ -62,7 +62,7 @@ async def test_cat_frames_steps_and_spec():
         td = await env.rand_step(td)
         assert td["next", "observation"].tolist() == expected
         td = env._step_mdp(td)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_cat_frames_constant_padding_and_out_key():
@@ -82,7 +82,7 @@ async def test_cat_frames_constant_padding_and_out_key():
     assert td["observation"].tolist() == [5.0]
     td = await env.rand_step(td)
     assert td["next", "stack"].tolist() == [-1.0, 5.0, 6.0]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_cat_frames_partial_reset():
@@ -148,7 +148,7 @@ async def test_cat_frames_and_traj_counter_on_and_in_pools():
         [[0.0, 0.0], [0.0, 1.0], [1.0, 2.0], [0.0, 0.0]],
     ]
     assert r["traj_count"].squeeze(-1).tolist() == [[0, 0, 2, 2], [1, 1, 1, 3]]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     await env.aclose()
     # inside a pool: each sub-env keeps its own frames
     pool = AsyncEnvPool(
@@ -162,5 +162,5 @@ async def test_cat_frames_and_traj_counter_on_and_in_pools():
     )
     r = await pool.rollout(4, break_when_any_done=False)
     assert r["observation"][1].tolist() == [[0.0, 0.0], [0.0, 1.0], [1.0, 2.0], [0.0, 0.0]]
-    await aenv.check_env_specs(pool)
+    await aenv.acheck_env_specs(pool)
     await pool.aclose()

@@ -43,7 +43,7 @@ async def test_median_values_and_spec():
     assert env.action_spec.shape == (1,)
     torch.testing.assert_close(seen.squeeze(-1), torch.tensor([-1.6, -0.8, 0.0, 0.8, 1.6]))
     assert seen.dtype == torch.float32
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 @pytest.mark.parametrize(
@@ -79,13 +79,13 @@ async def test_one_hot_and_out_key():
     )
     assert isinstance(env.action_spec, OneHot) and env.action_spec.shape == (3,)
     torch.testing.assert_close(seen.squeeze(-1), torch.tensor([4.0 / 3]))
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
     env = TransformedEnv(aenv.PendulumEnv(), ActionDiscretizer(3, out_action_key="action_idx"))
     assert env.action_keys == ["action_idx"]
     td = await env.rand_step(await env.reset())
     assert "action" not in td.keys()
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_multi_dim_actions():
@@ -94,7 +94,7 @@ async def test_multi_dim_actions():
     )
     spec = env.full_action_spec["agents", "action"]
     assert isinstance(spec, Categorical) and spec.shape == (2, 1)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     t = ActionDiscretizer([2, 3], action_key=("agents", "action"))
     with pytest.raises(aenv.SpecError):  # 2 counts for a 1-dim action
         TransformedEnv(NestedCountingEnv(n_agents=2), t)
@@ -107,12 +107,12 @@ async def test_multi_dim_actions():
     td["action"] = torch.tensor([1, 2])
     inner = env.transform[0].inv(td)
     torch.testing.assert_close(inner["action"], torch.tensor([0.5, 2 / 3]))
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     env = TransformedEnv(LatencyEnv(action_dim=2), ActionDiscretizer([2, 3], categorical=False))
     assert isinstance(env.action_spec, MultiOneHot) and env.action_spec.shape == (5,)
     inner = env.transform[0].inv(TensorDict(action=torch.tensor([1, 0, 0, 0, 1], dtype=torch.bool)))
     torch.testing.assert_close(inner["action"], torch.tensor([-0.5, 2 / 3]))
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_refuses_discrete_base():

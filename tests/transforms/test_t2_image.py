@@ -70,7 +70,7 @@ async def test_to_tensor_image(batch_size):
     td = await env.reset()
     raw = (await base.reset())["pixels"]
     torch.testing.assert_close(td["pixels"], raw.permute(*range(len(batch_size)), -1, -3, -2) / 255)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_to_tensor_image_float_input_not_scaled_and_unsqueeze():
@@ -97,7 +97,7 @@ async def test_resize(interpolation):
     td = await env.reset()
     assert td["pixels"].shape == (2, 3, 8, 6)
     assert float(td["pixels"].min()) >= 0.0 and float(td["pixels"].max()) <= 1.0
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 def test_resize_values_and_uint8():
@@ -121,7 +121,7 @@ async def test_grayscale():
     rgb = (await PixelEnv().reset())["pixels"].permute(2, 0, 1).float() / 255
     expected = 0.2989 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
     torch.testing.assert_close(td["pixels"][0], expected)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     # uint8 stays uint8 (channels-first input)
     out = GrayScale()(TensorDict(pixels=torch.full((3, 2, 2), 200, dtype=torch.uint8)))["pixels"]
     assert out.dtype == torch.uint8 and torch.all(out == 200)
@@ -133,13 +133,13 @@ async def test_crops():
     td = await env.reset()
     assert td["pixels"].shape == (3, 5, 3)
     torch.testing.assert_close(td["pixels"], full[:, 2:7, 4:7])
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
     env = TransformedEnv(PixelEnv(), Compose(ToTensorImage(), CenterCrop(8, 4)))
     td = await env.reset()
     torch.testing.assert_close(td["pixels"], full[:, 2:10, 6:10])
     assert env.observation_spec["pixels"].shape == (3, 8, 4)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     with pytest.raises(aenv.SpecError):
         TransformedEnv(PixelEnv(), Compose(ToTensorImage(), CenterCrop(40)))
 
@@ -150,7 +150,7 @@ async def test_pixel_pipeline_with_frames_and_parent():
     )
     env = TransformedEnv(PixelEnv(batch_size=(3,)), transform)
     assert env.observation_spec["pixels"].shape == (3, 4 * 8 * 8)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     r = await env.rollout(3)
     assert r["next", "pixels"].shape == (3, 3, 256)
     # parent: the env up to (not including) the last transform
@@ -172,5 +172,5 @@ async def test_seed_example_on_gym_pixels():
     assert td["pixels"].shape == (3, 64, 64) and td["pixels"].dtype == torch.float32
     resize_parent = env.transform[-1].parent
     assert resize_parent.observation_spec["pixels"].shape == (3, 400, 600)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     await env.aclose()

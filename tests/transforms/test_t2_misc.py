@@ -30,7 +30,7 @@ async def test_traj_counter_rollout():
     r = await env.rollout(6, break_when_any_done=False)
     assert r["traj_count"].squeeze(-1).tolist() == [0, 0, 1, 1, 2, 2]
     assert r["next", "traj_count"].squeeze(-1).tolist() == [0, 0, 1, 1, 2, 2]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_traj_counter_partial_reset_and_shared_clone():
@@ -72,7 +72,7 @@ class _NanEnv(CountingEnv):
 async def test_finite_check():
     env = TransformedEnv(aenv.PendulumEnv(seed=0), FiniteTensorDictCheck())
     await env.rollout(3)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     env = TransformedEnv(_NanEnv(max_steps=10), FiniteTensorDictCheck())
     td = await env.reset()
     td = env._step_mdp(await env.rand_step(td))
@@ -140,7 +140,7 @@ async def test_remove_empty_specs():
     assert set(td["next"].keys()) == {"observation", "reward", "done", "terminated"}
     # the base env still got the empty state entry it declares
     assert base.seen_hidden == [True]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 # ---------------------------------------------------------------------- values
@@ -156,7 +156,7 @@ async def test_clip_observation_and_reward():
     assert isinstance(env.reward_spec, Bounded)
     r = await env.rollout(4)
     assert r["next", "observation"].squeeze(-1).tolist() == [1.0, 2.0, 2.5, 2.5]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_clip_action_inverse_intersects_bounds():
@@ -166,7 +166,7 @@ async def test_clip_action_inverse_intersects_bounds():
     assert float(spec.low) == -1.0 and float(spec.high) == 2.0  # high kept from the base spec
     inner = t.inv(TensorDict(action=torch.tensor([-1.5])))
     assert inner["action"].item() == -1.0
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     with pytest.raises(ValueError):
         ClipTransform(in_keys=["x"])
     with pytest.raises(ValueError):
@@ -179,7 +179,7 @@ async def test_sign_transform():
     assert isinstance(spec, Bounded) and float(spec.low) == -1 and float(spec.high) == 1
     r = await env.rollout(5)
     assert set(r["next", "reward"].unique().tolist()) <= {-1.0, 0.0}
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     x = torch.tensor([-3.0, 0.0, 2.0])
     assert SignTransform(in_keys=["x"])(TensorDict(x=x))["x"].tolist() == [-1.0, 0.0, 1.0]
 
@@ -189,7 +189,7 @@ async def test_binarize_reward():
     assert isinstance(env.reward_spec, Binary) and env.reward_spec.dtype == torch.int8
     td = await env.rand_step(await env.reset())
     assert td["next", "reward"].tolist() == [1] and td["next", "reward"].dtype == torch.int8
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     out = BinarizeReward()(TensorDict(reward=torch.tensor([[0.0], [-2.0], [0.5]]), batch_size=[3]))
     assert out["reward"].squeeze(-1).tolist() == [0, 1, 1]
     with pytest.raises(ValueError):

@@ -32,7 +32,7 @@ async def test_unsqueeze_observation_and_inverse_action():
     assert td["next", "th_u"].shape == (1,)
     torch.testing.assert_close(td["next", "th_u"], td["next", "th"].unsqueeze(-1))
     assert td["action"].shape == (1, 1)  # the outer action keeps its shape
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     # batched, batch-unlocked: negative dims do not care about the batch size
     td = await env.reset(TensorDict({}, batch_size=[4]))
     assert td["th_u"].shape == (4, 1)
@@ -46,7 +46,7 @@ async def test_unsqueeze_on_counting_env_specs():
         UnsqueezeTransform(-2, in_keys=["observation"], in_keys_inv=["action"]),
     )
     assert env.observation_spec["observation"].shape == (2, 1, 1)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_squeeze_roundtrip():
@@ -59,7 +59,7 @@ async def test_squeeze_roundtrip():
     r = await env.rollout(4)
     assert r["next", "observation"].shape == (3, 4)
     torch.testing.assert_close(r["next", "observation"][0], torch.arange(1.0, 5.0))
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     with pytest.raises(ValueError):
         SqueezeTransform(0)
     with pytest.raises(aenv.SpecError):  # dim -2 of (3, 1) has size 3
@@ -72,7 +72,7 @@ async def test_flatten_observation():
         CountingEnv(batch_size=(2,)), Compose(UnsqueezeTransform(-1, in_keys=["observation"]), t)
     )
     assert env.observation_spec["observation"].shape == (2, 1)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
     x = torch.arange(24.0).view(2, 3, 4)
     out = FlattenObservation(-2, -1, in_keys=["x"])(TensorDict(x=x, batch_size=[2]))["x"]
     torch.testing.assert_close(out, x.view(2, 12))
@@ -104,4 +104,4 @@ async def test_permute_in_env():
         ),
     )
     assert env.observation_spec["observation"].shape == (2, 1, 1)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)

@@ -21,7 +21,7 @@ async def test_frame_skip_sums_rewards():
     # 10 steps: 3, 6, 9, then done at 10 after one frame
     assert r["next", "observation"].squeeze(-1).tolist() == [3.0, 6.0, 9.0, 10.0]
     assert r["next", "reward"].squeeze(-1).tolist() == [3.0, 3.0, 3.0, 1.0]
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_frame_skip_batched_stops_done_elements():
@@ -61,7 +61,7 @@ async def test_noop_reset_fixed_count():
     assert td["observation"].item() == 3.0
     assert not td["done"].any()
     assert "reward" not in td.keys() and "action" not in td.keys()
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
 
 
 async def test_noop_reset_random_count_in_range():
@@ -102,4 +102,4 @@ async def test_noop_reset_batch_unlocked():
     env = TransformedEnv(aenv.PendulumEnv(seed=0), NoopResetEnv(2, random=False))
     td = await env.reset(TensorDict({}, batch_size=[4]))
     assert td["th"].shape == (4,)
-    await aenv.check_env_specs(env)
+    await aenv.acheck_env_specs(env)
