@@ -287,11 +287,22 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         self._raise_failures("reset", indices, outcomes)
         return self._assemble(outcomes, indices, "reset")
 
-    def _step_keys(self) -> list[Any]:
-        keys = [*self.action_keys, *self.state_keys]
-        if self._sub_batch:
-            keys.append("_step")
-        return keys
+    def _step_keys(self, tensordict: TensorDictBase) -> list[Any]:
+        """The entries of a whole-batch step input each sub-env gets: what a bare env
+        would get (every root entry but ``"next"``) where the envs live in this process; the
+        actions and state where they live in workers (whose input slots hold those, as the
+        seeds' ParallelEnv passes them)."""
+        if self._backend.overlaps_steps:
+            keys = [*self.action_keys, *self.state_keys]
+            if self._sub_batch:
+                keys.append("_step")
+            return keys
+        skip = ("next",) if self._sub_batch else ("next", "_step")
+        return [
+            k
+            for k in tensordict.keys(True, True)
+            if k not in skip and not (type(k) is tuple and k[0] == "next")
+        ]
 
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = tensordict.get("_step", None)
@@ -310,7 +321,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             if out is not None:
                 self._raise_failures("step", indices, out)
                 return self._assemble(out, indices, "next")
-        inputs = split_inputs(tensordict, indices, self._step_keys(), self._sub_batch)
+        inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
         outcomes = await self._run_ops("step", indices, inputs)
         self._raise_failures("step", indices, outcomes)
         nxt = self._assemble(outcomes, indices, "next")
@@ -332,7 +343,9 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         if isinstance(out, Stacked):
             return tensordict, self._stacked_next_input(tensordict, out)
         if out is None:
-            inputs = split_inputs(tensordict, self._all, self._step_keys(), self._sub_batch)
+            inputs = split_inputs(
+                tensordict, self._all, self._step_keys(tensordict), self._sub_batch
+            )
             out = await self._run_ops(op, self._all, inputs)
         self._raise_failures(op, self._all, out)
         return tensordict, self._outcomes_next_input(tensordict, out)

@@ -159,3 +159,40 @@ async def test_step_and_maybe_reset_resets_done_envs(backend):
         assert stepped["next", "done"].squeeze(-1).tolist() == [True, False]
         assert td["observation"].squeeze(-1).tolist() == [0, 3]
         assert td["done"].squeeze(-1).tolist() == [False, False]
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "thread"])
+async def test_a_sub_env_gets_what_a_bare_env_gets(backend):
+    # the README's RemoteToolEnv reads td["obs"] in _step: a whole-batch call must hand
+    # each sub-env its observation, not only its action (in-process backends)
+    import asyncio as _asyncio
+
+    from tensordict import TensorDict as _TD
+
+    from aenv import Composite, EnvBase, Unbounded
+
+    class ReadsObs(EnvBase):
+        def __init__(self):
+            super().__init__()
+            self.observation_spec = Composite(obs=Unbounded((1,)))
+            self.action_spec = Unbounded((1,))
+
+        def _set_seed(self, seed):
+            pass
+
+        async def _reset(self, td, **kwargs):
+            return _TD(obs=torch.zeros(1))
+
+        async def _step(self, td):
+            await _asyncio.sleep(0)
+            return _TD(obs=td["obs"] + td["action"], reward=torch.ones(1))
+
+    async with AsyncEnvPool([ReadsObs] * 3, backend=backend) as pool:
+        td = await pool.reset()
+        td["action"] = torch.ones(3, 1)
+        out = await pool.step(td)
+        assert out["next", "obs"].squeeze(-1).tolist() == [1, 1, 1]
+        r = await pool.rollout(4)
+        assert r["next", "obs"][:, -1].squeeze(-1).tolist() == [
+            float(v) for v in r["action"].sum(1).squeeze(-1).tolist()
+        ]
