@@ -27,6 +27,7 @@ from aenv.exceptions import StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._ops import drive, execute, runs_inline
 from aenv.pool._rows import Rows
+from aenv.pool._stacking import split_inputs
 
 __all__ = ["CoroutineBackend"]
 
@@ -127,7 +128,13 @@ class CoroutineBackend(Backend):
         rows = self._rows
         if rows is None:
             rows = self._rows = Rows(self.envs)
-        inputs = tensordict.unbind(0)
+        keys = [
+            k
+            for k in tensordict.keys(True, True)
+            if k != "next" and not (type(k) is tuple and k[0] == "next")
+        ]
+        # each env's whole input row, as a bare env gets it
+        inputs = split_inputs(tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:])
         if not rows.takes(self.envs, op, inputs):
             return None
         return rows.run(self.envs, op, inputs)
