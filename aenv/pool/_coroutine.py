@@ -128,11 +128,15 @@ class CoroutineBackend(Backend):
         rows = self._rows
         if rows is None:
             rows = self._rows = Rows(self.envs)
+        if not (rows.ok and rows.direct):
+            return None
         keys = [
             k
             for k in tensordict.keys(True, True)
             if k != "next" and not (type(k) is tuple and k[0] == "next")
         ]
+        if not all(type(k) is str for k in keys):
+            return None
         # each env's whole input row, as a bare env gets it
         inputs = split_inputs(tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:])
         if not rows.takes(self.envs, op, inputs):

@@ -40,7 +40,9 @@ def _plan(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase | Non
             return None
         for key in spec.keys(True, True):
             leaf = spec[key]
-            if isinstance(leaf, Composite) or -1 in leaf.shape or not leaf.dtype:
+            if type(key) is not str or isinstance(leaf, Composite) or -1 in leaf.shape:
+                # (flat specs only: a nested level's own batch dims would stack differently
+                # from the per-env path's results)
                 return None
         parts.append(spec.zero())
     if not parts:
@@ -85,13 +87,22 @@ class Rows:
         self.reset_rows = self.reset.unbind(0)
         self.next_keys = frozenset(self.next.keys(True, True))
         self.reset_keys = frozenset(self.reset.keys(True, True))
+        # whether every env wrote its last step into its row itself: rows pay off only
+        # then (copying a built TensorDict in costs more than the per-env path's stack)
+        self.direct = True
 
     def takes(self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]) -> bool:
         """Whether every env's ``op`` runs inline on the lean path (EnvBase's step, no
-        ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`)."""
-        return self.ok and all(
-            runs_inline(env, op) and lean_inline(env, op, td)
-            for env, td in zip(envs, inputs, strict=True)
+        ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`), and no
+        env has handed back a TensorDict instead of writing its row (then the per-env path
+        is cheaper, and is taken from then on)."""
+        return (
+            self.ok
+            and self.direct
+            and all(
+                runs_inline(env, op) and lean_inline(env, op, td)
+                for env, td in zip(envs, inputs, strict=True)
+            )
         )
 
     def run(
@@ -111,6 +122,7 @@ class Rows:
                 res = drive(env._step_into(td, row))
                 if not isinstance(res, bool):
                     nxt = res
+                    self.direct = False
                     if _fill(row, self.next_keys, res):
                         res = _any_done(env, res)
                     else:

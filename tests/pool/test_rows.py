@@ -55,8 +55,19 @@ async def _run(make: Any, rows: bool, monkeypatch: pytest.MonkeyPatch) -> list[T
         out.append(td.clone())
         out.append(await pool.step(pool.rand_action(td)))
     if rows:
-        assert taken and set(taken) == {"Stacked"}  # every batch went into the rows
+        assert set(taken) <= {"Stacked"}  # batches went into the rows whole
+        # an env writing its rows itself keeps them; one handing back TensorDicts is let
+        # go to the per-env path after its first batch (copying in costs more), and one
+        # whose specs cannot be planned flat never takes them
+        if name_writes_directly(make):
+            assert len(taken) == 41
+        else:
+            assert len(taken) <= 1
     return out
+
+
+def name_writes_directly(make: Any) -> bool:
+    return getattr(make, "func", None) is GymEnv
 
 
 @pytest.mark.parametrize("name", list(ENVS))
