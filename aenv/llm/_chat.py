@@ -64,6 +64,9 @@ class ChatEnv(EnvBase):
         (1.0, 2)
     """
 
+    #: reset-input entries the env reads (declared in its state spec)
+    reset_inputs: tuple[str, ...] = ("prompt", "history", "answer")
+
     def __init__(
         self,
         *,
@@ -81,6 +84,8 @@ class ChatEnv(EnvBase):
         self.scorer = scorer
         self.max_turns = max_turns
         self.observation_spec = Composite(history=NonTensor(shape=()), prompt=Text())
+        # what a reset may take (a pool hands its sub-envs only their state keys)
+        self.state_spec = Composite({key: NonTensor(shape=()) for key in self.reset_inputs})
         self.full_action_spec = Composite(response=Text())
         self.reward_spec = Unbounded((1,))
         self.add_truncated_keys()

@@ -55,6 +55,8 @@ class CodeExecEnv(ChatEnv):
         1.0
     """
 
+    reset_inputs = (*ChatEnv.reset_inputs, "tests")
+
     def __init__(
         self,
         *,

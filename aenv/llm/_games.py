@@ -136,6 +136,7 @@ class LLMHashingEnv(EnvBase):
         self.observation_spec = Composite(
             hash=Unbounded((1,), dtype=torch.int64), tokens=NonTensor(shape=()), text=Text()
         )
+        self.state_spec = Composite(text=Text(), tokens=NonTensor(shape=()))  # reset inputs
         self.action_spec = Categorical(vocab_size, shape=(), dtype=torch.int64)
         self.reward_spec = Unbounded((1,))
         self.add_truncated_keys()

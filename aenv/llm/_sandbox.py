@@ -184,6 +184,26 @@ def _kill_all_live() -> None:
 atexit.register(_kill_all_live)
 
 
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Return once the process has exited (whatever its pipes do)."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return  # gone (and reaped) already
+    except (AttributeError, OSError):  # no pidfd here: poll the watcher's return code
+        while proc.returncode is None:
+            await asyncio.sleep(0.05)
+        return
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
 class SubprocessSandbox:
     """Runs programs in subprocesses under :class:`SandboxLimits`; see the module doc.
 
@@ -383,10 +403,13 @@ class SubprocessSandbox:
                 tg.start_soon(pump, "stdout", proc.stdout)
                 tg.start_soon(pump, "stderr", proc.stderr)
                 tg.start_soon(feed)
-                await proc.wait()
+                # not proc.wait(): asyncio's waits for the pipes to close too, and a child
+                # left behind may hold them open
+                await _exited(proc)
                 # the run's first process is done: what it left behind goes with it (and
                 # holds the pipes open no longer)
                 await anyio.to_thread.run_sync(_kill_run, token, proc.pid)
+                await proc.wait()
         if scope.cancelled_caught:
             timed_out = True
             await anyio.to_thread.run_sync(_kill_run, token, proc.pid)
