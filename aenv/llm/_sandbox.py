@@ -191,12 +191,16 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
         fd = os.pidfd_open(proc.pid)
     except ProcessLookupError:
         return  # gone (and reaped) already
-    except (AttributeError, OSError):  # no pidfd here: poll the watcher's return code
-        while proc.returncode is None:
-            await asyncio.sleep(0.05)
+    except (AttributeError, OSError):  # no pidfd here: also waits for the pipes (the
+        await proc.wait()  # wall time still bounds it)
         return
     fut: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         await fut
     finally:
