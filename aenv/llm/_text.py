@@ -17,6 +17,8 @@ from aenv.specs import NonTensor
 
 __all__ = ["Text", "get_data", "get_text"]
 
+_MISSING = object()
+
 
 def Text(shape: Any = (), *, example: str = "", device: Any = None) -> NonTensor:
     """A spec for strings: ``NonTensor(shape, example_data=example)``.
@@ -62,10 +64,9 @@ def get_data(td: TensorDictBase, key: Any, *, _leaf: type | None = None) -> Any:
         >>> get_data(TensorDict(h=NonTensorData({"a": 1})), "h")
         {'a': 1}
     """
-    try:
-        value = td.get(key)
-    except KeyError:
-        raise KeyError(f"no entry {key!r} in the tensordict (keys: {list(td.keys())})") from None
+    value = td.get(key, _MISSING)
+    if value is _MISSING:
+        raise KeyError(f"no entry {key!r} in the tensordict (keys: {list(td.keys())})")
     if isinstance(value, TensorDictBase) and not isinstance(value, (NonTensorData, NonTensorStack)):
         raise TypeError(f"entry {key!r} is a nested TensorDict, not non-tensor data")
     out = _plain(value)
