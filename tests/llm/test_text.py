@@ -50,7 +50,7 @@ def test_get_text_on_every_shape():
 def test_get_text_errors_name_the_key():
     with pytest.raises(KeyError, match="'nope'"):
         get_text(TensorDict(p=NonTensorData("hi")), "nope")
-    with pytest.raises(TypeError, match="'n'.*str"):
+    with pytest.raises(TypeError, match=r"'n'.*str"):
         get_text(TensorDict(n=NonTensorData(3)), "n")
     with pytest.raises(TypeError, match="'x'"):
         get_text(TensorDict(x=torch.zeros(2)), "x")
