@@ -74,6 +74,8 @@ class FakeChatServer:
         self._faults: list[tuple[str, Any]] = []
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[Any]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._closing: asyncio.Event | None = None
         self.port = 0
 
     @property
@@ -96,6 +98,7 @@ class FakeChatServer:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> FakeChatServer:
+        self._closing = asyncio.Event()
         self._server = await asyncio.start_server(self._serve_conn, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -104,8 +107,11 @@ class FakeChatServer:
         if self._server is None:
             return
         self._server.close()
-        for task in list(self._conns):
-            task.cancel()
+        # end the connections by closing them, not by cancelling their tasks (asyncio's
+        # stream server logs a cancelled handler as an error)
+        self._closing.set()
+        for writer in list(self._writers):
+            writer.close()
         if self._conns:
             await asyncio.gather(*self._conns, return_exceptions=True)
         await self._server.wait_closed()
@@ -146,6 +152,7 @@ class FakeChatServer:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
+        self._writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -164,6 +171,7 @@ class FakeChatServer:
             pass  # the client went away
         finally:
             self._conns.discard(task)
+            self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -190,7 +198,9 @@ class FakeChatServer:
         if fault is not None and fault[0] == "drop":
             return False
         if fault is not None and fault[0] == "hang":
-            await asyncio.Event().wait()  # until the server closes and cancels us
+            assert self._closing is not None
+            await self._closing.wait()  # until the server closes
+            return False
         if fault is not None and fault[0] == "status":
             status, retry_after = fault[1]
             extra = {"Retry-After": str(retry_after)} if retry_after is not None else {}
