@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import pickle
 import threading
 
@@ -72,7 +73,7 @@ async def test_rate_spaces_starts():
             starts.append(loop.time())
 
     await asyncio.gather(*(job() for _ in range(5)))
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.004  # 1 / 200 s apart, less clock granularity
 
 
