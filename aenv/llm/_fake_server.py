@@ -213,6 +213,9 @@ class FakeChatServer:
             if delay:
                 await asyncio.sleep(delay)
             reply = await self._complete(request)
+        except Exception as exc:  # a broken fake model: say so, as a server would
+            await self._send(writer, 500, {"error": {"message": f"model raised {exc!r}"}})
+            return True
         finally:
             self.in_flight -= 1
         self.completions += 1
