@@ -48,6 +48,11 @@ class ChatEnv(EnvBase):
         scorer: reward of an answered episode (see :data:`Scorer`); None: reward 0.
         max_turns: assistant turns before the episode is truncated (subclasses that answer
             the assistant, such as :class:`ToolEnv`, use more than one).
+        mode: ``"text"`` (the action is ``"response"``: text or a Message) or ``"tokens"``
+            (the action is ``"response_tokens"``, token ids the ``tokenizer`` decodes; the
+            observation adds ``"prompt_tokens"``, the history rendered by the tokenizer's
+            chat template and encoded).
+        tokenizer: a ``transformers`` tokenizer (token mode).
 
     Example:
         >>> import asyncio
@@ -74,19 +79,38 @@ class ChatEnv(EnvBase):
         system_prompt: str | None = None,
         scorer: Scorer | None = None,
         max_turns: int = 1,
+        mode: str = "text",
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if mode not in ("text", "tokens"):
+            raise ValueError(f"mode must be 'text' or 'tokens', got {mode!r}")
+        if mode == "tokens" and not all(
+            hasattr(tokenizer, a) for a in ("apply_chat_template", "encode", "decode")
+        ):
+            raise TypeError(
+                "mode='tokens' needs a tokenizer with apply_chat_template, encode and decode "
+                f"(a transformers tokenizer), got {type(tokenizer).__name__}"
+            )
         self.prompt = prompt
         self.system_prompt = system_prompt
         self.scorer = scorer
         self.max_turns = max_turns
-        self.observation_spec = Composite(history=NonTensor(shape=()), prompt=Text())
+        self.mode = mode
+        self.tokenizer = tokenizer
+        obs = Composite(history=NonTensor(shape=()), prompt=Text())
+        if mode == "tokens":  # the rendered history's token ids (a tuple of ints)
+            obs["prompt_tokens"] = NonTensor(shape=())
+        self.observation_spec = obs
         # what a reset may take (a pool hands its sub-envs only their state keys)
         self.state_spec = Composite({key: NonTensor(shape=()) for key in self.reset_inputs})
-        self.full_action_spec = Composite(response=Text())
+        if mode == "tokens":
+            self.full_action_spec = Composite(response_tokens=NonTensor(shape=()))
+        else:
+            self.full_action_spec = Composite(response=Text())
         self.reward_spec = Unbounded((1,))
         self.add_truncated_keys()
         self.history = History()
@@ -134,13 +158,28 @@ class ChatEnv(EnvBase):
         """Hook: per-episode set-up of subclasses (after the history is built)."""
 
     def _observation(self, history: History) -> TensorDict:
-        return TensorDict(
+        out = TensorDict(
             {"history": NonTensorData(history), "prompt": NonTensorData(self._prompt_text)},
             batch_size=(),
         )
+        if self.mode == "tokens":
+            text = history.render(self.tokenizer)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out["prompt_tokens"] = NonTensorData(tuple(int(i) for i in ids))
+        return out
 
     # ------------------------------------------------------------------ step
     def _reply(self, td: TensorDictBase) -> Message:
+        if self.mode == "tokens":
+            ids = _entry(td, "response_tokens")
+            if isinstance(ids, torch.Tensor):
+                ids = ids.tolist()
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) for i in ids):
+                raise TypeError(
+                    f"{type(self).__name__}.step: 'response_tokens' must hold token ids (a "
+                    f"sequence of int or a 1-D tensor), got {type(ids).__name__}"
+                )
+            return Message("assistant", self.tokenizer.decode(ids, skip_special_tokens=True))
         value = _entry(td, "response")
         if isinstance(value, Message):
             if value.role != "assistant":

@@ -11,6 +11,7 @@ requests in flight.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 __all__ = ["ChatClient", "ChatResult"]
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+_PER_POOL = 16  # connections per httpx pool (see ChatClient.__init__)
 
 
 @dataclass(frozen=True)
@@ -114,15 +116,25 @@ class ChatClient:
         self._rng = random.Random(seed)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         cap = self.limiter.max_concurrent
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
-            headers=headers,
-            limits=httpx.Limits(max_connections=cap, max_keepalive_connections=cap),
-            transport=transport,
-        )
+        # httpcore's pool scans every connection for every queued request: its cost grows
+        # with connections x requests in flight. Several small pools (requests spread
+        # round-robin) keep that product small at hundreds of concurrent requests.
+        n_pools = 1 if transport is not None else max(1, math.ceil((cap or 256) / _PER_POOL))
+        per_pool = math.ceil(cap / n_pools) if cap else None
+        self._pools = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(timeout),
+                headers=headers,
+                limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool),
+                transport=transport,
+            )
+            for _ in range(n_pools)
+        ]
+        self._next_pool = 0
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     async def __aenter__(self) -> ChatClient:
         return self
@@ -169,8 +181,10 @@ class ChatClient:
         while True:
             attempt += 1
             wait: float | None = None
+            http = self._pools[self._next_pool]
+            self._next_pool = (self._next_pool + 1) % len(self._pools)
             try:
-                resp = await self._http.post(url, json=body)
+                resp = await http.post(url, json=body)
             except httpx.TimeoutException as exc:
                 result = ChatResult(
                     error=f"timed out after {self.timeout} s ({type(exc).__name__})"

@@ -109,7 +109,8 @@ class FakeChatServer:
         self._server.close()
         # end the connections by closing them, not by cancelling their tasks (asyncio's
         # stream server logs a cancelled handler as an error)
-        self._closing.set()
+        if self._closing is not None:
+            self._closing.set()
         for writer in list(self._writers):
             writer.close()
         if self._conns:

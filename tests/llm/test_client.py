@@ -142,3 +142,15 @@ async def test_server_refuses_bad_requests():
         assert r.status_code == 404
         r = await http.get(server.url + "/models")
         assert r.json()["data"][0]["id"] == "fake"
+
+
+@pytest.mark.timeout(60)
+async def test_hundreds_of_uncapped_requests_spread_over_pools():
+    async with FakeChatServer(latency_s=0.01) as server:
+        async with fast_client(server, max_concurrency=None) as client:
+            assert len(client._pools) > 1  # several small connection pools
+            results = await asyncio.gather(
+                *(client.chat([{"role": "user", "content": str(i)}]) for i in range(200))
+            )
+        assert [r.message.content for r in results] == [f"echo: {i}" for i in range(200)]
+        assert server.max_in_flight > 16  # not capped by one pool's connections

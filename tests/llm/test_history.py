@@ -139,3 +139,44 @@ async def test_env_rollout_keeps_each_steps_history():
     hist = get_data(ro["next"], "history")
     assert [len(h) for h in hist] == [3 + 2 * t for t in range(len(hist))]
     assert ro["next", "reward"][-1].item() == 1.0 and hist[-1][-1].content == "correct"
+
+
+def word_tokenizer():
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["[UNK]", "[", "]", "user", "assistant", "2", "+", "?", "4", "five"]
+    raw = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]")
+    )
+    raw.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    return tok
+
+
+async def test_chat_env_token_mode():
+    from aenv.llm import ChatEnv
+
+    tok = word_tokenizer()
+    env = ChatEnv(
+        mode="tokens", tokenizer=tok, scorer=lambda h, answer: float(h[-1].content == answer)
+    )
+    td = await env.reset(TensorDict(prompt=NonTensorData("2 + 2 ?"), answer=NonTensorData("4")))
+    ids = get_data(td, "prompt_tokens")
+    # "[user] 2 + 2 ? [assistant]": the chat template's text, word by word
+    assert ids == (1, 3, 2, 5, 6, 5, 7, 1, 4, 2)
+    td["response_tokens"] = NonTensorData((8,))  # "4"
+    out = await env.step(td)
+    assert out["next", "reward"].item() == 1.0
+    hist = get_data(out["next"], "history")
+    assert hist[-1] == Message("assistant", "4")
+    assert len(get_data(out["next"], "prompt_tokens")) > len(ids)  # the reply is in it
+    td = await env.reset(TensorDict(prompt=NonTensorData("2"), answer=NonTensorData("4")))
+    td["response_tokens"] = NonTensorData("four")
+    with pytest.raises(TypeError, match="'response_tokens' must hold token ids"):
+        await env.step(td)
+    with pytest.raises(TypeError, match="needs a tokenizer"):
+        ChatEnv(mode="tokens")
