@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -105,32 +107,45 @@ def _resolve_user(user: str | int | None) -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-def _preexec(limits: SandboxLimits, ids: tuple[int, int] | None, parent: int) -> Any:
-    def run() -> None:  # in the child, between fork and exec: nothing that takes locks
-        import resource
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: the child between fork and exec should not
+    load libraries (locks held by other threads at the fork would never be released)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-        caps = [
-            (resource.RLIMIT_CPU, limits.cpu_time_s and max(1, int(limits.cpu_time_s + 0.999))),
-            (resource.RLIMIT_AS, limits.memory_bytes),
-            (resource.RLIMIT_NPROC, limits.max_processes),
-            (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-            (resource.RLIMIT_CORE, 0),
-        ]
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        return None
+
+
+_PRCTL = _prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec(limits: SandboxLimits, ids: tuple[int, int] | None, parent: int) -> Any:
+    cpu = None if limits.cpu_time_s is None else max(1, math.ceil(limits.cpu_time_s))
+    wanted: list[tuple[int, float | int | None]] = [
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_AS, limits.memory_bytes),
+        (resource.RLIMIT_NPROC, limits.max_processes),
+        (resource.RLIMIT_FSIZE, limits.max_file_bytes),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    caps = [(which, int(value)) for which, value in wanted if value is not None]
+
+    def run() -> None:  # in the child, between fork and exec
         for which, value in caps:
-            if value is not None:
-                resource.setrlimit(which, (int(value), int(value)))
+            resource.setrlimit(which, (value, value))
         if ids is not None:
             os.setgroups([])
             os.setgid(ids[1])
             os.setuid(ids[0])
-        # after the uid change, which clears the death signal
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            except Exception:
-                pass
+        # after the uid change, which clears the death signal: die with the thread that
+        # started the run (a worker killed hard takes its runs along)
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != parent:  # the parent died before the prctl
                 os._exit(137)
 
