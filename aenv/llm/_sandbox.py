@@ -50,7 +50,7 @@ _live_lock = threading.Lock()
 
 
 def live_sandboxes() -> int:
-    """How many sandbox runs of this process are live now (started, not yet reaped)."""
+    """How many sandbox runs of this process are live now (started, not yet killed)."""
     with _live_lock:
         return len(_live)
 
@@ -371,16 +371,19 @@ class SubprocessSandbox:
                 _live[token] = self._runs[token] = proc.pid
             return await self._supervise(proc, token, stdin, lim, start)
         finally:
-            # whatever ended the run (cancellation included): nothing of it may survive
+            # whatever ended the run (cancellation included): nothing of it may survive.
+            # Synchronous, so that no second cancellation (a pool closing an env whose
+            # step it already cancelled) can cut the clean-up short; it takes milliseconds.
             if proc is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(_kill_run, token, proc.pid)
-                    if proc.returncode is None:
-                        await proc.wait()
+                _kill_run(token, proc.pid)
                 with _live_lock:
                     _live.pop(token, None)
                     self._runs.pop(token, None)
             shutil.rmtree(workdir, ignore_errors=True)
+            if proc is not None and proc.returncode is None:
+                # reap it (killed: at once); if cancelled again, the child watcher reaps it
+                with anyio.CancelScope(shield=True):
+                    await proc.wait()
 
     async def _supervise(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import pickle
 import threading
 
@@ -63,18 +62,23 @@ async def test_cancelled_waiters_never_leak_a_slot(when):
         assert lim.active == 2
 
 
-async def test_rate_spaces_starts():
+async def test_rate_spaces_starts(monkeypatch):
+    """Each acquirer is given a start 1 / rate after the previous one (a frozen clock and
+    recorded sleeps: the schedule itself, not how punctually the loop keeps it)."""
+    import aenv.llm._limiter as mod
+
     lim = Limiter(rate_per_s=200)
-    loop = asyncio.get_running_loop()
-    starts = []
+    monkeypatch.setattr(mod.time, "monotonic", lambda: 100.0)
+    delays = []
 
-    async def job():
+    async def fake_sleep(seconds):
+        delays.append(round(seconds, 9))
+
+    monkeypatch.setattr(mod.asyncio, "sleep", fake_sleep)
+    for _ in range(5):
         async with lim.slot():
-            starts.append(loop.time())
-
-    await asyncio.gather(*(job() for _ in range(5)))
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert min(gaps) >= 0.004  # 1 / 200 s apart, less clock granularity
+            pass
+    assert delays == [0.005, 0.01, 0.015, 0.02]  # the first starts at once
 
 
 def test_shared_by_loops_of_several_threads():
