@@ -13,7 +13,7 @@ Three drivers run the same episodes with the same ``ChatClient``:
 - ``ToolEnv``: one ``aenv.llm.ToolEnv`` per episode, awaited by its episode's coroutine
   (History, XML tool-call parsing, concurrent dispatch, TensorDicts);
 - ``ToolEnv in AsyncEnvPool``: the same envs in a coroutine ``AsyncEnvPool``, each episode
-  sending its steps and getting its results back from the pool's stream.
+  awaiting its own env's steps (``pool.step_one``).
 
 Reported: wall time, the ideal (the slowest episode's sum of latencies: a zero-cost
 framework), % of ideal, and overhead per turn in µs (the mean over episodes of measured
@@ -134,18 +134,6 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
     from aenv.llm import ToolEnv, get_data
 
     n = p["episodes"]
-    waiting: dict[int, asyncio.Future[Any]] = {}
-    sent = asyncio.Event()
-
-    async def route(pool: AsyncEnvPool) -> None:
-        while True:
-            if not waiting:
-                sent.clear()
-                await sent.wait()
-            out = await pool.async_step_recv(min_get=1)
-            for i, row in zip(out["env_index"].tolist(), out.unbind(0)):
-                waiting.pop(i).set_result(row)
-
     async with AsyncEnvPool([lambda: ToolEnv(tools, max_turns=p["turns"] + 1)] * n) as pool:
         start = time.perf_counter()
         first = await pool.reset(
@@ -159,23 +147,12 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
             td = first[e]
             while True:
                 reply = await client.chat(get_data(td, "history"))
-                fut = asyncio.get_running_loop().create_future()
-                waiting[e] = fut
-                pool.async_step_send(
-                    td.set("response", NonTensorData(reply.message)).unsqueeze(0), env_index=[e]
-                )
-                sent.set()
-                out = await fut
+                out = await pool.step_one(e, td.set("response", NonTensorData(reply.message)))
                 if bool(out["next", "done"]):
                     return time.perf_counter() - start
-                td = step_mdp(out, action_keys=("response",)).exclude("env_index")
+                td = step_mdp(out, action_keys=("response",))
 
-        router = asyncio.ensure_future(route(pool))
-        try:
-            return list(await asyncio.gather(*(episode(e) for e in range(n))))
-        finally:
-            router.cancel()
-            await asyncio.gather(router, return_exceptions=True)
+        return list(await asyncio.gather(*(episode(e) for e in range(n))))
 
 
 async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ samples are sometimes right, sometimes off by one, and sometimes never end (the 
 kills those at their wall time, process group and all). A process-wide Limiter keeps at
 most 4 sandboxes alive at once, however many episodes run.
 
-Each episode is one coroutine: it asks the model, then sends its step to the pool; the
-main coroutine takes results as they stream in (fast programs first).
+``aenv.agents.run_episodes`` runs each episode as one coroutine (ask the model, step the
+env) and streams each group as soon as its episodes have ended.
 
 Run: ``python examples/code_exec_grpo.py``
 """
@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import statistics
 
-import anyio
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import NonTensorData
 
 from aenv import AsyncEnvPool
+from aenv.agents import run_episodes
 from aenv.llm import ChatClient, CodeExecEnv, FakeChatServer, Limiter, SandboxLimits, get_data
 
 TASKS = [(k, f"Write a Python function f(x) that returns x * {k}.") for k in (2, 3, 5, 7, 11, 13)]
@@ -29,85 +28,67 @@ GROUP = 4  # samples per task
 SANDBOXES = Limiter.named("sandbox", 4)
 
 
-def fake_model(request: dict, index: int) -> dict:
-    """Deterministic samples: which one depends on the task and the sample's seed."""
-    prompt = next(m["content"] for m in request["messages"] if m["role"] == "user")
-    k = int(re.search(r"x \* (\d+)", prompt).group(1))
-    variant = (k + int(request.get("seed", 0))) % 4
-    body = {
-        0: f"def f(x):\n    return x * {k}",
-        1: f"def f(x):\n    return x * {k} + 1",  # off by one
-        2: f"def f(x):\n    return sum(x for _ in range({k}))",  # right, the long way
-        3: "def f(x):\n    while True:\n        pass",  # never ends
-    }[variant]
-    return {"content": f"Here you go:\n```python\n{body}\n```"}
+def make_model():
+    """Deterministic samples: the c-th request for a task gets variant (k + c) % 4, so each
+    group of 4 holds one of each."""
+    seen: dict[int, int] = {}
+
+    def model(request: dict, index: int) -> dict:
+        prompt = next(m["content"] for m in request["messages"] if m["role"] == "user")
+        k = int(re.search(r"x \* (\d+)", prompt).group(1))
+        variant = (k + seen.setdefault(k, 0)) % 4
+        seen[k] += 1
+        body = {
+            0: f"def f(x):\n    return x * {k}",
+            1: f"def f(x):\n    return x * {k} + 1",  # off by one
+            2: f"def f(x):\n    return sum(x for _ in range({k}))",  # right, the long way
+            3: "def f(x):\n    while True:\n        pass",  # never ends
+        }[variant]
+        return {"content": f"Here you go:\n```python\n{body}\n```"}
+
+    return model
 
 
 def make_env() -> CodeExecEnv:
-    return CodeExecEnv(
-        limits=SandboxLimits(wall_time_s=1.0, memory_bytes=1 << 30), limiter=SANDBOXES
-    )
+    limits = SandboxLimits(wall_time_s=1.0, memory_bytes=1 << 30)
+    return CodeExecEnv(limits=limits, limiter=SANDBOXES)
 
 
 async def main() -> None:
-    n = len(TASKS) * GROUP
-    prompts = [prompt for _, prompt in TASKS for _ in range(GROUP)]
-    tests = [f"assert f(3) == {3 * k}\nassert f(0) == 0" for k, _ in TASKS for _ in range(GROUP)]
-    async with FakeChatServer(fake_model, latency_s=0.02) as server:
-        async with (
-            ChatClient(server.url, model="fake") as client,
-            AsyncEnvPool([make_env] * n) as pool,
-        ):
-            td = await pool.reset(
-                TensorDict(
-                    prompt=NonTensorStack.from_list(prompts),
-                    tests=NonTensorStack.from_list(tests),
-                    batch_size=[n],
-                )
-            )
+    prompts = [
+        {"prompt": p, "tests": f"assert f(3) == {3 * k}\nassert f(0) == 0"} for k, p in TASKS
+    ]
+    async with FakeChatServer(make_model(), latency_s=0.02) as server:
+        async with ChatClient(server.url, model="fake") as client:
 
-            rewards = [0.0] * n
-            in_flight, sent = 0, asyncio.Event()
-
-            async def episode(i: int) -> None:
-                nonlocal in_flight
-                reply = await client.chat(get_data(td[i], "history"), seed=i % GROUP)
+            async def policy(td):
+                reply = await client.chat(get_data(td, "history"))
                 if not reply.ok:
                     raise RuntimeError(reply.error)
-                row = td[i].set("response", NonTensorData(reply.message))
-                pool.async_step_send(row.unsqueeze(0), env_index=[i])
-                in_flight += 1
-                sent.set()
+                return td.set("response", NonTensorData(reply.message))
 
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(episode, i)
-                received = 0
-                while received < n:  # results stream in as each sandbox finishes
-                    if in_flight == 0:  # the pool waits only for steps already sent
-                        sent.clear()
-                        await sent.wait()
-                        continue
-                    out = await pool.async_step_recv(min_get=1)
-                    in_flight -= len(out)
-                    received += len(out)
-                    for i, r in zip(
-                        out["env_index"].tolist(), out["next", "reward"].flatten().tolist()
-                    ):
-                        rewards[i] = r
-            results = await pool.get_attr("last_result")
+            groups = []
+            async with AsyncEnvPool([make_env] * 12) as pool:  # 12 envs serve 24 episodes
+                async with run_episodes(
+                    pool, policy, prompts, group_size=GROUP, emit="groups"
+                ) as stream:
+                    async for group in stream:  # each group as soon as its 4 episodes ended
+                        groups.append(group)
+    groups.sort(key=lambda g: g.prompt_index)
     print(f"{'task':>5} {'rewards':>22} {'advantages':>30}")
-    for t, (k, _) in enumerate(TASKS):
-        group = rewards[t * GROUP : (t + 1) * GROUP]
-        mean, std = statistics.fmean(group), statistics.pstdev(group)
-        adv = [(r - mean) / (std + 1e-6) for r in group]
-        print(f"x*{k:<3} {group!s:>22} {', '.join(f'{a:+.2f}' for a in adv):>30}")
-    timed_out = sum(r.timed_out for r in results)
+    for g in groups:
+        k = TASKS[g.prompt_index][0]
+        rewards = g.rewards.tolist()
+        adv = g.advantages(normalize_std=True).tolist()
+        print(f"x*{k:<3} {rewards!s:>22} {', '.join(f'{a:+.2f}' for a in adv):>30}")
+    n = sum(len(g.episodes) for g in groups)
+    passed = sum(ep.total_reward for g in groups for ep in g.episodes)
+    killed = sum(bool(ep.final_observation["timed_out"]) for g in groups for ep in g.episodes)
     print(
-        f"{n} episodes: {sum(rewards):.0f} passed, {timed_out} runaway programs killed at their "
-        f"wall time; at most {SANDBOXES.peak} sandboxes alive at once"
+        f"{n} episodes: {passed:.0f} passed, {killed} runaway programs killed at their wall "
+        f"time; at most {SANDBOXES.peak} sandboxes alive at once"
     )
-    assert SANDBOXES.peak <= 4 and timed_out == n // 4 and sum(rewards) == n // 2
+    assert SANDBOXES.peak <= 4 and passed == n // 2 and killed == n // 4
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 A small deterministic fake model serves the OpenAI chat-completions API on 127.0.0.1 (swap
 its URL for a vLLM / SGLang / llama.cpp / Ollama server to run a real one). Each episode
-asks an arithmetic question; the model answers it with tool calls (two at once on the
-first turn, run concurrently by the env), reads the results, and gives its answer, which
-the scorer checks. Some questions ask for a tool that does not exist: the env answers
+(one coroutine, run by ``aenv.agents.run_episodes``) asks an arithmetic question; the model
+answers it with tool calls (two at once on the first turn, run concurrently by the env),
+reads the results, and gives its answer, which the scorer checks. Some questions ask for a tool that does not exist: the env answers
 with an error message instead of raising, and the model gives up on them.
 
 Run: ``python examples/tool_calling.py``
@@ -16,10 +16,10 @@ import asyncio
 import json
 import re
 
-import anyio
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import NonTensorData
 
-from aenv import AsyncEnvPool, step_mdp
+from aenv import AsyncEnvPool
+from aenv.agents import run_episodes
 from aenv.llm import ChatClient, FakeChatServer, FunctionTool, ToolEnv, get_data
 
 N_EPISODES = 16
@@ -75,91 +75,46 @@ def score(history, answer) -> float:
 
 
 # ---------------------------------------------------------------- episodes
-class StepRouter:
-    """Hands each env's streamed step result to the coroutine of its episode."""
-
-    def __init__(self, pool: AsyncEnvPool) -> None:
-        self.pool = pool
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.sent = asyncio.Event()
-
-    async def step(self, i: int, td: TensorDict) -> TensorDict:
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[i] = fut
-        self.pool.async_step_send(td.unsqueeze(0), env_index=[i])
-        self.sent.set()
-        return await fut
-
-    async def run(self) -> None:
-        while True:
-            if not self.waiting:  # nothing in flight: the pool would refuse to wait
-                self.sent.clear()
-                await self.sent.wait()
-            out = await self.pool.async_step_recv(min_get=1)
-            for i, row in zip(out["env_index"].tolist(), out.unbind(0)):
-                self.waiting.pop(i).set_result(row)
-
-
-async def episode(i: int, td: TensorDict, client: ChatClient, router: StepRouter) -> dict:
-    turns = 0
-    while True:
-        history = get_data(td, "history")
-        reply = await client.chat(history, tools=TOOLS)
-        if not reply.ok:
-            return {"episode": i, "error": reply.error}
-        out = await router.step(i, td.set("response", NonTensorData(reply.message)))
-        turns += 1
-        # the next input: "next" moved up, state (the task's answer) kept, as in a rollout
-        td = step_mdp(out, action_keys=("response",)).exclude("env_index")
-        if bool(td["done"]):
-            history = get_data(td, "history")
-            errors = sum(m.is_error for m in history)
-            reward = float(out["next", "reward"])
-            return {"episode": i, "turns": turns, "reward": reward, "errors": errors}
-
-
 async def main() -> None:
-    questions, answers = [], []
+    prompts = []
     for i in range(N_EPISODES):
         a, b, c = 3 + i, 7 + 2 * i, 100 + i
         if i % 4 == 3:
-            questions.append(f"What is the cube root of {a * a * a} (then {b}, {c})?")
-            answers.append(a)
+            prompts.append(
+                {"prompt": f"What is the cube root of {a**3} (then {b}, {c})?", "answer": a}
+            )
         else:
-            questions.append(f"What is {a} * {b} + {c}?")
-            answers.append(a * b + c)
+            prompts.append({"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c})
     async with FakeChatServer(fake_model, latency_s=0.02) as server:
         async with ChatClient(server.url, model="fake", max_concurrency=8) as client:
-            envs = [lambda: ToolEnv(TOOLS, scorer=score, per_call_timeout=5.0, max_turns=4)]
-            async with AsyncEnvPool(envs * N_EPISODES) as pool:
-                td = await pool.reset(
-                    TensorDict(
-                        prompt=NonTensorStack.from_list(questions),
-                        answer=NonTensorStack.from_list(answers),
-                        batch_size=[N_EPISODES],
-                    )
-                )
-                router = StepRouter(pool)
-                results: list[dict] = [{} for _ in range(N_EPISODES)]
 
-                async def run_one(i: int) -> None:
-                    results[i] = await episode(i, td[i], client, router)
+            async def policy(td):  # one episode's turn: ask the model, answer the env
+                reply = await client.chat(get_data(td, "history"), tools=TOOLS)
+                if not reply.ok:
+                    raise RuntimeError(reply.error)  # the runner ends the episode with it
+                return td.set("response", NonTensorData(reply.message))
 
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(router.run)
-                    async with anyio.create_task_group() as episodes:
-                        for i in range(N_EPISODES):
-                            episodes.start_soon(run_one, i)
-                    tg.cancel_scope.cancel()  # every episode is done: stop routing
-        for r in results[:4]:
-            print(r)
-        solved = sum(r.get("reward", 0.0) for r in results)
+            make = lambda: ToolEnv(TOOLS, scorer=score, per_call_timeout=5.0, max_turns=4)  # noqa: E731
+            async with AsyncEnvPool([make] * 8) as pool:  # 8 envs serve 16 episodes
+                episodes = []
+                async with run_episodes(pool, policy, prompts, emit="episodes") as stream:
+                    async for ep in stream:  # one coroutine per episode, streamed as they end
+                        episodes.append(ep)
+    episodes.sort(key=lambda ep: ep.prompt_index)
+    for ep in episodes[:4]:
+        history = ep.final_observation["history"]
+        errors = sum(m.is_error for m in history)
         print(
-            f"{N_EPISODES} episodes, {solved:.0f} solved, "
-            f"{sum(r.get('errors', 0) for r in results)} tool errors turned into messages, "
-            f"{server.completions} model calls, at most {server.max_in_flight} in flight"
+            f"episode {ep.prompt_index}: {len(ep)} turns, reward {ep.total_reward}, "
+            f"{errors} tool error(s), ended: {ep.done_reason}"
         )
-        assert solved == N_EPISODES - N_EPISODES // 4  # the cube-root questions fail
+    solved = sum(ep.total_reward for ep in episodes)
+    errors = sum(sum(m.is_error for m in ep.final_observation["history"]) for ep in episodes)
+    print(
+        f"{N_EPISODES} episodes, {solved:.0f} solved, {errors} tool errors turned into "
+        f"messages, {server.completions} model calls, at most {server.max_in_flight} in flight"
+    )
+    assert solved == N_EPISODES - N_EPISODES // 4  # the cube-root questions fail
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tensordict import TensorDictBase
+import torch
+from tensordict import TensorDict, TensorDictBase
 
 from aenv.llm._chat import ChatEnv
 from aenv.llm._history import History, Message
 from aenv.llm._limiter import Limiter
 from aenv.llm._sandbox import SandboxLimits, SandboxResult, SubprocessSandbox
+from aenv.specs import Binary, Unbounded
 
 __all__ = ["CodeExecEnv", "extract_code"]
 
@@ -33,7 +35,8 @@ def extract_code(text: str) -> str:
 class CodeExecEnv(ChatEnv):
     """A coding task: reset takes a ``"prompt"`` and ``"tests"`` (Python code, e.g. asserts)
     from the reset input (or ``prompt=`` / ``tests=``); a step runs the reply's code followed
-    by the tests in a :class:`SubprocessSandbox`; reward 1.0 when they pass.
+    by the tests in a :class:`SubprocessSandbox`; reward 1.0 when they pass. The observation
+    adds the last run's ``"exit_code"`` and ``"timed_out"`` (zeros after a reset).
 
     With ``max_turns > 1`` a failing run is shown to the assistant (a user message with the
     tail of stderr) and it may try again.
@@ -71,6 +74,9 @@ class CodeExecEnv(ChatEnv):
         super().__init__(max_turns=max_turns, **kwargs)
         self.tests = tests
         self.sandbox = SubprocessSandbox(limits, limiter=limiter, user=user)
+        # how the last run went (zeros after a reset)
+        self.observation_spec["exit_code"] = Unbounded((1,), dtype=torch.int64)
+        self.observation_spec["timed_out"] = Binary(1, dtype=torch.bool)
         self.feedback_chars = feedback_chars
         self.last_result: SandboxResult | None = None
         self._tests = ""
@@ -88,6 +94,14 @@ class CodeExecEnv(ChatEnv):
                 "tests= on the env"
             )
         self.last_result = None
+
+    def _observation(self, history: History) -> TensorDict:
+        out = super()._observation(history)
+        res = getattr(self, "last_result", None)
+        code = res.exit_code if res is not None and res.exit_code is not None else 0
+        out["exit_code"] = torch.tensor([code], dtype=torch.int64)
+        out["timed_out"] = torch.tensor([res is not None and res.timed_out])
+        return out
 
     async def _respond(self, history: History, message: Message) -> tuple[History, float, bool]:
         program = f"{extract_code(message.content)}\n\n{self._tests}\n"

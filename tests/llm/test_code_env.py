@@ -84,6 +84,8 @@ async def test_rewards_and_feedback_turns():
     td["response"] = NonTensorData("```python\ndef f(x):\n    return x + x\n```")
     out = await env.step(td)
     assert out["next", "reward"].item() == 0.0 and not out["next", "done"].item()
+    assert out["next", "exit_code"].item() == 1 and not out["next", "timed_out"].item()
+    assert td["exit_code"].item() == 0  # after the reset: no run yet
     feedback = out["next", "history"][-1]
     assert feedback.role == "user" and "AssertionError" in feedback.content
     td = out["next"].clone()
