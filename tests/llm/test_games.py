@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
-from aenv import AsyncEnvPool, check_env_specs
+from aenv import AsyncEnvPool, acheck_env_specs
 from aenv.llm import GuessNumberEnv, LLMHashingEnv, get_data, get_text
 
 
@@ -85,7 +85,7 @@ async def test_secret_follows_the_seed():
 
 async def test_hash_identifies_the_sequence_whatever_the_path():
     env = LLMHashingEnv(prompt="ab")
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     td = await env.reset()
     td["action"] = torch.tensor(ord("c"))
     via_step = (await env.step(td))["next"]
