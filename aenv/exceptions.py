@@ -17,7 +17,8 @@
     ├── StepTimeoutError (TimeoutError)        a sub-env step ran past its deadline
     ├── PoolError (RuntimeError)               several sub-envs failed in one call
     ├── AsyncContextError (RuntimeError)       a blocking sync API called in a running loop
-    └── BackendUnavailableError (ImportError)  a backend's optional dependency is missing
+    ├── BackendUnavailableError (ImportError)  a backend's optional dependency is missing
+    └── SandboxError (RuntimeError)            a code sandbox could not run a program
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "LockedSpecError",
     "PoolError",
     "ResetNeededError",
+    "SandboxError",
     "SpecError",
     "SpecViolationError",
     "StepTimeoutError",
@@ -199,3 +201,8 @@ class AsyncContextError(AenvError, RuntimeError):
 
 class BackendUnavailableError(AenvError, ImportError):
     """Raised when a pool backend or library wrapper needs an optional dependency that is missing."""
+
+
+class SandboxError(AenvError, RuntimeError):
+    """Raised when a code sandbox is closed or cannot start a program (not for what the
+    program does: that is the run's result)."""

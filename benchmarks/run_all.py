@@ -58,6 +58,11 @@ BENCHMARKS = [
         "bench_scale",
         "Scale: envs per process, latency spread, startup, memory, cost growth",
     ),
+    (
+        "llm",
+        "bench_llm",
+        "256 tool-calling episodes against loopback model and tool servers (overhead per turn)",
+    ),
 ]
 
 

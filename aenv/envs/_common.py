@@ -724,3 +724,13 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             tensordict=tensordict,
             set_truncated=set_truncated,
         )
+
+    # ------------------------------------------------------------------ interruption
+    def interrupt(self) -> None:
+        """Stop the env's work in progress from outside, e.g. kill a subprocess it waits on.
+
+        Called by a pool from another thread when it gives up on the env (a thread
+        backend's step past its deadline, or closing while the env works), where the
+        call itself cannot be cancelled. Must be thread-safe and must not block; the
+        default does nothing.
+        """

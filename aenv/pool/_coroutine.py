@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_leaf_nontensor
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -132,7 +132,8 @@ class CoroutineBackend(Backend):
             return None
         keys = [
             k
-            for k in tensordict.keys(True, True)
+            # is_leaf_nontensor: non-tensor entries (a NonTensorStack of prompts) are leaves
+            for k in tensordict.keys(True, True, is_leaf=is_leaf_nontensor)
             if k != "next" and not (type(k) is tuple and k[0] == "next")
         ]
         if not all(type(k) is str for k in keys):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from aenv._mdp import mask_merge, time_named, unravel
 from aenv.envs._common import EnvBase
@@ -300,7 +300,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         skip = ("next",) if self._sub_batch else ("next", "_step")
         return [
             k
-            for k in tensordict.keys(True, True)
+            # is_leaf_nontensor: non-tensor entries (a NonTensorStack of prompts) are leaves
+            for k in tensordict.keys(True, True, is_leaf=is_leaf_nontensor)
             if k not in skip and not (type(k) is tuple and k[0] == "next")
         ]
 

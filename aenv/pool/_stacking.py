@@ -36,7 +36,8 @@ def split_inputs(
         if value is None:
             continue
         if type(value) is not torch.Tensor:
-            return [td[i].select(*(k for k, _ in cols), key, strict=False) for i in indices]
+            # non-tensor data: rows of the whole selection (every key, found or not yet)
+            return [td[i].select(*keys, strict=False) for i in indices]
         cols.append((key, value))
     device = td.device
     if not all(type(k) is str for k, _ in cols):

@@ -187,6 +187,12 @@ class _Worker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(task.cancel)
 
+    def interrupt(self) -> None:
+        """Let the env stop work a cancel cannot reach (a blocking call in this thread)."""
+        if self.working and self.env is not None:
+            with contextlib.suppress(Exception):
+                self.env.interrupt()
+
     def stop(self) -> None:
         self.inbox.put(_STOP)
 
@@ -248,6 +254,7 @@ class ThreadBackend(Backend):
         old = self._workers[env_index]
         old.abandoned = True
         old.cancel_current()
+        old.interrupt()
         old.stop()
         self._retired.append(old)
         # once its thread has closed its env and exited, nothing of it is kept
@@ -286,6 +293,7 @@ class ThreadBackend(Backend):
             w.closing = True
             w.stop()
             w.cancel_current()
+            w.interrupt()
             fut: asyncio.Future[None] = loop.create_future()
             w.when_exited(functools.partial(loop.call_soon_threadsafe, _set_done, fut))
             waits.append(fut)

@@ -413,11 +413,8 @@ class NonTensor(TensorSpec):
             return val.tolist()
         return val
 
-    def _extra_eq(self, other: Any) -> bool:
-        try:
-            return bool(self.example_data == other.example_data)
-        except Exception:
-            return self.example_data is other.example_data
+    # example_data is only what zero()/rand() give: it is no part of what the spec admits,
+    # so it stays out of equality (envs whose example is their own prompt stack densely)
 
     def _repr_extra(self) -> str:
         return f"example_data={self.example_data!r:.40}"

@@ -12,6 +12,7 @@ from aenv.testing._mocks import (
     TextEnv,
     latency_ideal_steps,
 )
+from aenv.testing._processes import assert_no_leaked_processes, sandbox_processes
 from aenv.testing._text import GuessTextEnv
 
 __all__ = [
@@ -26,5 +27,7 @@ __all__ = [
     "NestedCountingEnv",
     "SyncLatencyEnv",
     "TextEnv",
+    "assert_no_leaked_processes",
     "latency_ideal_steps",
+    "sandbox_processes",
 ]
