@@ -22,7 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._common import EnvBase
 from aenv.pool._backend import Failure, Stacked
 from aenv.pool._ops import _any_done, drive, lean_inline, runs_inline
-from aenv.specs import Composite
+from aenv.specs import Composite, NonTensor
 
 __all__ = ["Rows"]
 
@@ -40,9 +40,9 @@ def _plan(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase | Non
             return None
         for key in spec.keys(True, True):
             leaf = spec[key]
-            if type(key) is not str or isinstance(leaf, Composite) or -1 in leaf.shape:
-                # (flat specs only: a nested level's own batch dims would stack differently
-                # from the per-env path's results)
+            if type(key) is not str or isinstance(leaf, Composite | NonTensor) or -1 in leaf.shape:
+                # (flat tensor specs only: a nested level's own batch dims would stack
+                # differently from the per-env path's results; text is no tensor)
                 return None
         parts.append(spec.zero())
     if not parts:
