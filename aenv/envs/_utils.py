@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,6 +65,15 @@ class RandomPolicy:
         return td
 
 
+@functools.cache
+def public_methods(cls: type) -> frozenset[str]:
+    """The names of ``cls``'s public methods (functions, static and class methods)."""
+    kinds = (staticmethod, classmethod, functools.partialmethod)
+    found = ((n, inspect.getattr_static(cls, n)) for n in dir(cls) if not n.startswith("_"))
+    # plain functions, not every method descriptor: spec-derived values are descriptors too
+    return frozenset(n for n, a in found if inspect.isfunction(a) or isinstance(a, kinds))
+
+
 class EnvMetaData:
     """What other processes need to know of an env without building it.
 
@@ -80,6 +91,7 @@ class EnvMetaData:
         device: torch.device | None,
         batch_locked: bool = True,
         env_str: str = "",
+        methods: frozenset[str] = frozenset(),
     ) -> None:
         self.tensordict = tensordict
         self.specs = specs
@@ -87,6 +99,9 @@ class EnvMetaData:
         self.device = device
         self.batch_locked = batch_locked
         self.env_str = env_str
+        # the env's public method names: a pool tells a method read from an attribute
+        # read without asking the env (sync facades fan a method read out as calls)
+        self.methods = methods
 
     @classmethod
     def metadata_from_env(cls, env: EnvBase) -> EnvMetaData:
@@ -97,6 +112,7 @@ class EnvMetaData:
             device=env.device,
             batch_locked=env.batch_locked,
             env_str=repr(env),
+            methods=public_methods(type(env)),
         )
 
     def expand(self, *size: int) -> EnvMetaData:
@@ -108,6 +124,7 @@ class EnvMetaData:
             device=self.device,
             batch_locked=self.batch_locked,
             env_str=self.env_str,
+            methods=self.methods,
         )
 
     def to(self, device: torch.device | str) -> EnvMetaData:
@@ -119,6 +136,7 @@ class EnvMetaData:
             device=dev,
             batch_locked=self.batch_locked,
             env_str=self.env_str,
+            methods=self.methods,
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -599,12 +599,27 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         self._raise_failures(f"getattr {name!r}", indices, outcomes)
         return outcomes
 
+    def sub_env_has_method(self, name: str) -> bool:
+        """Whether the sub-envs' classes define a public method ``name`` (known from
+        their metadata, without asking the envs)."""
+        metas = self.__dict__.get("_metas") or ()
+        return any(name in m.methods for m in metas)
+
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names the pool itself lacks: fan out to the sub-envs.
-        backend = self.__dict__.get("_backend")
-        if name.startswith("_") or backend is None or "_metas" not in self.__dict__:
+        # Only reached for names the pool itself lacks. Reading the sub-envs is I/O (a
+        # round trip per env on the process backend), so it is never done behind an
+        # attribute read on the event loop: the awaited forms do it, all envs at once.
+        # (The sync facades turn ``env.name`` into one of them.)
+        if name.startswith("_") or "_metas" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return [backend.getattr_sync(i, name) for i in range(self.num_envs)]
+        if self.sub_env_has_method(name):
+            hint = f"call it on every sub-env with `await pool.call({name!r}, ...)`"
+        else:
+            hint = f"read the sub-envs' attribute with `await pool.get_attr({name!r})`"
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}; {hint} "
+            "(or use a sync facade: SerialEnv / ParallelEnv / SyncEnv fan `env.name` out)"
+        )
 
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
         """Random actions; for a streamed subset (an ``"env_index"`` entry), those envs' own."""
