@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from aenv.exceptions import SpecError
 
@@ -300,6 +300,19 @@ def _carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> Non
             dst.set(key, value)
 
 
+_DONE_KEYS = ("done", "terminated", "truncated")
+
+
+def _key_list(keys: NestedKey | Sequence[NestedKey], default: Any = None) -> list[NestedKey]:
+    """One key (a string, or a tuple of strings naming one nested key) or a list of keys,
+    as a list of keys."""
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, tuple) and keys != default and all(isinstance(k, str) for k in keys):
+        return [keys]
+    return list(keys)
+
+
 def step_mdp(
     tensordict: TensorDictBase,
     next_tensordict: TensorDictBase | None = None,
@@ -308,9 +321,9 @@ def step_mdp(
     exclude_reward: bool = True,
     exclude_done: bool = False,
     exclude_action: bool = True,
-    reward_keys: Sequence[NestedKey] = ("reward",),
-    done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
-    action_keys: Sequence[NestedKey] = ("action",),
+    reward_keys: NestedKey | Sequence[NestedKey] = "reward",
+    done_keys: NestedKey | Sequence[NestedKey] = ("done", "terminated", "truncated"),
+    action_keys: NestedKey | Sequence[NestedKey] = "action",
     _tree: ExclusionTree | None = None,
 ) -> TensorDictBase:
     """Build the input of the next step from a stepped tensordict.
@@ -319,13 +332,41 @@ def step_mdp(
     kept when ``keep_other`` (policy states, for instance), except actions, rewards, done
     flags and private ``"_reset"``/``"_step"`` keys, each governed by its ``exclude_*`` flag.
 
+    ``reward_keys``, ``done_keys`` and ``action_keys`` each take one key (a string or a
+    tuple of strings: ``("agents", "reward")`` is one nested key) or a list of keys. The
+    default ``done_keys`` tuple is read as three keys, as before.
+
     Example:
         >>> td = TensorDict({"obs": torch.zeros(1), "action": torch.ones(1),
         ...                  "next": {"obs": torch.ones(1), "reward": torch.ones(1)}}, [])
         >>> step_mdp(td)["obs"]
         tensor([1.])
     """
+    reward_keys = _key_list(reward_keys)
+    done_keys = _key_list(done_keys, _DONE_KEYS)
+    action_keys = _key_list(action_keys)
     nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
+    lazy = next((t for t in (tensordict, nxt) if isinstance(t, LazyStackedTensorDict)), None)
+    if lazy is not None and tensordict.batch_size == nxt.batch_size:
+        # element by element: the elements may differ in keys and shapes (heterogeneous
+        # envs, dynamic specs), which reading the stack as one tensordict cannot hold
+        dim = lazy.stack_dim
+        parts = [
+            step_mdp(
+                root,
+                sub_next,
+                keep_other=keep_other,
+                exclude_reward=exclude_reward,
+                exclude_done=exclude_done,
+                exclude_action=exclude_action,
+                reward_keys=reward_keys,
+                done_keys=done_keys,
+                action_keys=action_keys,
+                _tree=_tree,
+            )
+            for root, sub_next in zip(tensordict.unbind(dim), nxt.unbind(dim))
+        ]
+        return LazyStackedTensorDict(*parts, stack_dim=dim)
     for value in nxt.values():
         if isinstance(value, TensorDictBase):
             # nested containers must not be shared with "next": a later reset updates the

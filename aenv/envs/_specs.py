@@ -384,6 +384,16 @@ class EnvSpecsMixin:
         return spec[(0,) * n] if n else spec.clone()
 
     @property
+    def input_spec_unbatched(self) -> Composite:
+        """``input_spec`` without the batch dims."""
+        return self._unbatched(self.input_spec)  # type: ignore[return-value]
+
+    @property
+    def output_spec_unbatched(self) -> Composite:
+        """``output_spec`` without the batch dims."""
+        return self._unbatched(self.output_spec)  # type: ignore[return-value]
+
+    @property
     def full_action_spec_unbatched(self) -> Composite:
         """``full_action_spec`` without the batch dims."""
         return self._unbatched(self.full_action_spec)  # type: ignore[return-value]

@@ -197,7 +197,11 @@ async def acheck_env_specs(
     fake_keys = {unravel(k) for k in fake.keys(True, True)}
     real_keys = {unravel(k) for k in step0.keys(True, True)}
     missing = fake_keys - real_keys
-    extra_keys = {k for k in real_keys - fake_keys if k[-1] not in ("_reset", "_step")}
+    # an env may also output its state under "next" (the state of the next step, as
+    # TorchRL's envs do): allowed, and checked against the state spec below
+    state = env.input_spec["full_state_spec"]
+    next_state = {("next", *unravel(k)) for k in state.keys(True, True)} & real_keys
+    extra_keys = {k for k in real_keys - fake_keys - next_state if k[-1] not in ("_reset", "_step")}
     if missing or extra_keys:
         raise AssertionError(
             "the env's outputs and its specs disagree: keys in the specs but not in the rollout: "
@@ -216,6 +220,12 @@ async def acheck_env_specs(
         raise AssertionError(
             "the env's outputs and its specs disagree:\n  " + "\n  ".join(problems)
         )
+    for key in sorted(next_state):
+        spec, value = state[key[1:]], step0.get(key)
+        if extra:
+            spec = spec.expand(*extra, *spec.shape)
+        if isinstance(value, torch.Tensor) and not spec.is_in(value):
+            raise AssertionError(f"{key!r} = {value} is outside its state spec {spec!r}")
     for name in ("full_observation_spec", "full_done_spec"):
         spec = env.output_spec[name]
         if extra:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from aenv._mdp import mask_merge, time_named, unravel
 from aenv.envs._common import EnvBase
@@ -548,7 +548,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 td.set(key, target)
 
     def _write_resets(self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]) -> None:
-        if self._lazy:
+        if self._lazy or isinstance(td, LazyStackedTensorDict):  # (dynamic shapes stack lazily)
             for i, reset in resets:
                 td.tensordicts[i].update(reset.exclude("next", "env_index"))  # type: ignore[attr-defined]
             return
@@ -623,15 +623,34 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
 
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
         """Random actions; for a streamed subset (an ``"env_index"`` entry), those envs' own."""
-        if tensordict is None or tensordict.batch_size == self.batch_size:
+        if tensordict is None and self._lazy:
+            # heterogeneous actions need a lazy stack to live in (one element per env)
+            tensordict = LazyStackedTensorDict(
+                *(TensorDict(batch_size=self._sub_batch, device=self.device) for _ in self._all),
+                stack_dim=0,
+            )
+        if tensordict is None:
             return super().rand_action(tensordict)
         raw = tensordict.get("env_index", None)
         if raw is None:
             return super().rand_action(tensordict)
         if tensordict.batch_size == self._sub_batch:
             index: Any = int(torch.as_tensor(raw).reshape(-1)[0])
+            rows = [index]
         else:
             index = torch.as_tensor(raw).reshape(tensordict.batch_size[0], -1)[:, 0]
+            rows = index.tolist()
+            if rows == self._all:  # the whole batch, in order
+                return super().rand_action(tensordict)
+        if self._lazy and (len(rows) == 1 or isinstance(tensordict, LazyStackedTensorDict)):
+            # each env's own action spec (they may differ), element by element
+            specs = self.full_action_spec.unbind(0)
+            if tensordict.batch_size == self._sub_batch:
+                tensordict.update(specs[index].rand())
+            else:
+                for sub, i in zip(tensordict.unbind(0), rows):
+                    sub.update(specs[i].rand())
+            return tensordict
         tensordict.update(self.full_action_spec.rand()[index])
         return tensordict
 

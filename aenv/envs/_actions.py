@@ -1,0 +1,114 @@
+"""Action checks off the fast path: dtype casting and heterogeneous (lazy-stacked) actions.
+
+:meth:`EnvBase._check_actions` reads each action once and compares shape and dtype; only an
+action whose dtype differs from its spec's, or one a lazy stack cannot read as one tensor
+(sub-envs whose actions differ in shape), comes here.
+
+The casting rule: a value that the spec's dtype holds exactly is cast to it (a float
+one-hot ``1.0`` for an ``int8`` :class:`~aenv.specs.Binary`, ``int32`` indices for an
+``int64`` :class:`~aenv.specs.Categorical`, ``float64`` for ``float32``, rounded to the
+nearest ``float32`` as float dtypes hold any value); a value it cannot hold (``0.5`` for an
+integer action, ``300`` for ``int8``, a finite value that overflows to infinity) is a
+:class:`~aenv.exceptions.SpecViolationError` naming the key, the spec and what came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from aenv.exceptions import SpecViolationError
+
+__all__ = ["cast_action", "check_stacked_action", "heterogeneous", "write_casts"]
+
+
+def cast_action(key: Any, spec: Any, value: torch.Tensor) -> torch.Tensor:
+    """``value`` as ``spec.dtype`` when that dtype holds it exactly (see the module doc).
+
+    Raises:
+        SpecViolationError: the dtype cannot hold the value.
+    """
+    target = spec.dtype
+    cast = value.to(target)
+    lost: torch.Tensor | None
+    if value.is_floating_point() and target.is_floating_point:
+        lost = torch.isinf(cast) & torch.isfinite(value)
+    elif value.is_complex() or target.is_complex:
+        lost = torch.ones((), dtype=torch.bool) if value.is_complex() != target.is_complex else None
+    else:
+        back = cast.to(value.dtype)
+        lost = (back != value) & ~(torch.isnan(value) & torch.isnan(back))
+        if value.is_floating_point():
+            lost = lost | torch.isnan(value)
+    if lost is not None and bool(lost.any()):
+        bad = value[lost] if lost.ndim else value
+        raise SpecViolationError(
+            f"action {key!r} of dtype {value.dtype} does not fit dtype {target} of its spec "
+            f"{spec!r}: {bad.reshape(-1)[:5].tolist()} cannot be held exactly (a value the "
+            "spec's dtype holds exactly is cast; pass whole numbers for integer actions)",
+            key=key,
+        )
+    return cast
+
+
+def heterogeneous(td: TensorDictBase, key: Any, spec: Any) -> bool:
+    """True when ``td`` is a lazy stack along the stack dim of a heterogeneous ``spec``."""
+    stack = getattr(spec, "_stack", None)
+    return (
+        stack is not None
+        and isinstance(td, LazyStackedTensorDict)
+        and td.stack_dim == spec.stack_dim
+        and len(td.tensordicts) == len(stack)
+    )
+
+
+def check_stacked_action(
+    td: TensorDictBase, key: Any, spec: Any, run_type_checks: bool
+) -> list[tuple[int | None, Any, torch.Tensor]]:
+    """Check a heterogeneous action element by element (each element of the lazy stack
+    against its own spec); returns the casts to write, as ``(element, key, value)``.
+
+    Raises:
+        SpecViolationError: an element is missing the action, has the wrong shape, a dtype
+            that cannot hold it, or (with type checks) a value outside its spec.
+    """
+    casts: list[tuple[int | None, Any, torch.Tensor]] = []
+    for i, (sub, sub_spec) in enumerate(zip(td.tensordicts, spec._stack)):  # type: ignore[attr-defined]
+        value = sub.get(key, None)
+        if value is None:
+            raise SpecViolationError(
+                f"action key {key!r} is missing from element {i} of the input; expected "
+                f"{sub_spec!r}",
+                key=key,
+            )
+        if not isinstance(value, torch.Tensor):
+            continue
+        expected = sub_spec.shape
+        if value.shape != expected and (
+            len(value.shape) != len(expected)
+            or any(e != -1 and e != s for e, s in zip(expected, value.shape))
+        ):
+            raise SpecViolationError(
+                f"action {key!r} of element {i} has shape {tuple(value.shape)}, expected "
+                f"{tuple(expected)} (spec {sub_spec!r})",
+                key=key,
+            )
+        if value.dtype != sub_spec.dtype:
+            value = cast_action(key, sub_spec, value)
+            casts.append((i, key, value))
+        if run_type_checks and not sub_spec.is_in(value):
+            raise SpecViolationError(
+                f"action {key!r} of element {i} is outside its spec {sub_spec!r}", key=key
+            )
+    return casts
+
+
+def write_casts(td: TensorDictBase, casts: list[tuple[int | None, Any, torch.Tensor]]) -> None:
+    """Write cast actions into ``td`` (an element of a lazy stack where one is named)."""
+    for element, key, value in casts:
+        if element is None:
+            td.set(key, value)
+        else:
+            td.tensordicts[element].set(key, value)  # type: ignore[attr-defined]
