@@ -325,12 +325,16 @@ def step_mdp(
     done_keys: NestedKey | Sequence[NestedKey] = ("done", "terminated", "truncated"),
     action_keys: NestedKey | Sequence[NestedKey] = "action",
     _tree: ExclusionTree | None = None,
+    _next: TensorDictBase | None = None,
 ) -> TensorDictBase:
     """Build the input of the next step from a stepped tensordict.
 
     The ``"next"`` entries move to the root; root entries that ``"next"`` does not hold are
     kept when ``keep_other`` (policy states, for instance), except actions, rewards, done
     flags and private ``"_reset"``/``"_step"`` keys, each governed by its ``exclude_*`` flag.
+
+    ``next_tensordict``, when given, is the destination (as in TorchRL): the result is
+    written into it and it is returned.
 
     ``reward_keys``, ``done_keys`` and ``action_keys`` each take one key (a string or a
     tuple of strings: ``("agents", "reward")`` is one nested key) or a list of keys. The
@@ -345,7 +349,21 @@ def step_mdp(
     reward_keys = _key_list(reward_keys)
     done_keys = _key_list(done_keys, _DONE_KEYS)
     action_keys = _key_list(action_keys)
-    nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
+    if next_tensordict is not None:
+        out = step_mdp(
+            tensordict,
+            keep_other=keep_other,
+            exclude_reward=exclude_reward,
+            exclude_done=exclude_done,
+            exclude_action=exclude_action,
+            reward_keys=reward_keys,
+            done_keys=done_keys,
+            action_keys=action_keys,
+            _tree=_tree,
+            _next=_next,
+        )
+        return next_tensordict.update(out)
+    nxt = tensordict.get("next") if _next is None else _next
     lazy = next((t for t in (tensordict, nxt) if isinstance(t, LazyStackedTensorDict)), None)
     if lazy is not None and tensordict.batch_size == nxt.batch_size:
         # element by element: the elements may differ in keys and shapes (heterogeneous
@@ -354,7 +372,7 @@ def step_mdp(
         parts = [
             step_mdp(
                 root,
-                sub_next,
+                _next=sub_next,
                 keep_other=keep_other,
                 exclude_reward=exclude_reward,
                 exclude_done=exclude_done,
