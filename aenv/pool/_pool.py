@@ -362,7 +362,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         next_input = self._step_mdp(tensordict)
         resets = [(i, o[1]) for i, o in enumerate(outcomes) if o[1] is not None]
         if resets:
-            self._write_resets(next_input, resets)
+            next_input = self._write_resets(next_input, resets)
         return next_input
 
     def _draw_actions(self) -> dict[str, torch.Tensor]:
@@ -547,11 +547,25 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 target[rows] = value[rows].to(target.device)
                 td.set(key, target)
 
-    def _write_resets(self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]) -> None:
+    def _write_resets(
+        self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]
+    ) -> TensorDictBase:
+        """Write the resets' rows into ``td``; returns it (a lazy stack of its rows when a
+        reset's shapes differ from the row it replaces: dynamic specs)."""
+        if not self._lazy and not isinstance(td, LazyStackedTensorDict):
+            rows = td.batch_size[1:]
+            if any(
+                isinstance(current := td.get(key, None), torch.Tensor)
+                and current.shape[1:] != value.shape
+                for _, reset in resets
+                for key, value in reset.items(True, True)
+                if isinstance(value, torch.Tensor) and value.shape[: len(rows)] == rows
+            ):
+                td = LazyStackedTensorDict(*td.unbind(0), stack_dim=0)
         if self._lazy or isinstance(td, LazyStackedTensorDict):  # (dynamic shapes stack lazily)
             for i, reset in resets:
                 td.tensordicts[i].update(reset.exclude("next", "env_index"))  # type: ignore[attr-defined]
-            return
+            return td
         written: dict[Any, torch.Tensor] = {}
         for i, reset in resets:
             for key in reset.keys(True, True):
@@ -566,6 +580,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                     target = written[key] = current.clone()
                     td.set(key, target)
                 target[i] = value
+        return td
 
     # ------------------------------------------------------------------ seeding, calls
     async def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
@@ -633,22 +648,33 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             return super().rand_action(tensordict)
         raw = tensordict.get("env_index", None)
         if raw is None:
-            return super().rand_action(tensordict)
-        if tensordict.batch_size == self._sub_batch:
+            if not (
+                self._lazy
+                and isinstance(tensordict, LazyStackedTensorDict)
+                and tensordict.stack_dim == 0
+                and tensordict.batch_size == self.batch_size
+            ):
+                return super().rand_action(tensordict)
+            rows = self._all
+        elif tensordict.batch_size == self._sub_batch:
             index: Any = int(torch.as_tensor(raw).reshape(-1)[0])
             rows = [index]
         else:
             index = torch.as_tensor(raw).reshape(tensordict.batch_size[0], -1)[:, 0]
             rows = index.tolist()
-            if rows == self._all:  # the whole batch, in order
+            if rows == self._all and not self._lazy:  # the whole batch, in order
                 return super().rand_action(tensordict)
-        if self._lazy and (len(rows) == 1 or isinstance(tensordict, LazyStackedTensorDict)):
-            # each env's own action spec (they may differ), element by element
+        if self._lazy and (
+            tensordict.batch_size == self._sub_batch
+            or (isinstance(tensordict, LazyStackedTensorDict) and tensordict.stack_dim == 0)
+        ):
+            # each env's own action spec (they may differ, in dtype too: one stacked draw
+            # would promote them to one dtype), element by element
             specs = self.full_action_spec.unbind(0)
             if tensordict.batch_size == self._sub_batch:
                 tensordict.update(specs[index].rand())
             else:
-                for sub, i in zip(tensordict.unbind(0), rows):
+                for sub, i in zip(tensordict.tensordicts, rows):  # type: ignore[attr-defined]
                     sub.update(specs[i].rand())
             return tensordict
         tensordict.update(self.full_action_spec.rand()[index])
