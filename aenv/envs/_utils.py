@@ -74,6 +74,16 @@ def public_methods(cls: type) -> frozenset[str]:
     return frozenset(n for n, a in found if inspect.isfunction(a) or isinstance(a, kinds))
 
 
+def _env_methods(env: Any) -> frozenset[str]:
+    """The public methods of ``env`` and of the envs it wraps (a transformed env reaches its
+    base env's methods through attribute reads)."""
+    methods: frozenset[str] = frozenset()
+    while env is not None:
+        methods |= public_methods(type(env))
+        env = env.__dict__.get("base_env")
+    return methods
+
+
 class EnvMetaData:
     """What other processes need to know of an env without building it.
 
@@ -112,7 +122,7 @@ class EnvMetaData:
             device=env.device,
             batch_locked=env.batch_locked,
             env_str=repr(env),
-            methods=public_methods(type(env)),
+            methods=_env_methods(env),
         )
 
     def expand(self, *size: int) -> EnvMetaData:
