@@ -278,6 +278,16 @@ def exclusion_tree(keys: Iterable[NestedKey]) -> ExclusionTree:
 
 def _carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> None:
     """Copy ``src`` entries missing from ``dst`` into it, skipping ``tree``'s keys."""
+    if (
+        isinstance(src, LazyStackedTensorDict)
+        and isinstance(dst, LazyStackedTensorDict)
+        and src.stack_dim == dst.stack_dim
+        and len(src.tensordicts) == len(dst.tensordicts)
+    ):
+        # element by element: the elements' entries may differ (heterogeneous agents)
+        for sub_src, sub_dst in zip(src.tensordicts, dst.tensordicts):
+            _carry(sub_src, sub_dst, tree)
+        return
     for key, value in src.items():
         sub = tree.get(key)
         if sub is True or key == "_reset" or key == "_step":

@@ -53,62 +53,84 @@ def cast_action(key: Any, spec: Any, value: torch.Tensor) -> torch.Tensor:
     return cast
 
 
+def _stack_level(td: TensorDictBase, key: Any) -> tuple[Any, Any]:
+    """The lazy stack holding ``key``'s leaf and the key inside it: ``td`` itself, or the
+    level the key's prefix names (``("agents", "action")``: ``td["agents"]``)."""
+    if isinstance(key, tuple) and len(key) > 1:
+        parent = td.get(key[:-1], None)
+        if isinstance(parent, LazyStackedTensorDict):
+            return parent, key[-1]
+    return td, key
+
+
 def heterogeneous(td: TensorDictBase, key: Any, spec: Any) -> bool:
-    """True when ``td`` is a lazy stack along the stack dim of a heterogeneous ``spec``."""
+    """True when ``key``'s leaf lives in a lazy stack (``td``, or the level of the key's
+    prefix) along the stack dim of a heterogeneous ``spec``, one element per spec."""
     stack = getattr(spec, "_stack", None)
+    level, _ = _stack_level(td, key)
     return (
         stack is not None
-        and isinstance(td, LazyStackedTensorDict)
-        and td.stack_dim == spec.stack_dim
-        and len(td.tensordicts) == len(stack)
+        and isinstance(level, LazyStackedTensorDict)
+        and level.stack_dim == spec.stack_dim
+        and len(level.tensordicts) == len(stack)
     )
 
 
 def check_stacked_action(
     td: TensorDictBase, key: Any, spec: Any, run_type_checks: bool
-) -> list[tuple[int | None, Any, torch.Tensor]]:
+) -> list[tuple[Any, Any, torch.Tensor]]:
     """Check a heterogeneous action element by element (each element of the lazy stack
-    against its own spec); returns the casts to write, as ``(element, key, value)``.
+    against its own spec, recursively for stacks of stacks: a pool of multi-agent envs);
+    returns the casts to write, as ``(tensordict, key, value)``.
 
     Raises:
         SpecViolationError: an element is missing the action, has the wrong shape, a dtype
             that cannot hold it, or (with type checks) a value outside its spec.
     """
-    casts: list[tuple[int | None, Any, torch.Tensor]] = []
-    for i, (sub, sub_spec) in enumerate(zip(td.tensordicts, spec._stack)):  # type: ignore[attr-defined]
-        value = sub.get(key, None)
-        if value is None:
-            raise SpecViolationError(
-                f"action key {key!r} is missing from element {i} of the input; expected "
-                f"{sub_spec!r}",
-                key=key,
-            )
-        if not isinstance(value, torch.Tensor):
-            continue
-        expected = sub_spec.shape
-        if value.shape != expected and (
-            len(value.shape) != len(expected)
-            or any(e != -1 and e != s for e, s in zip(expected, value.shape))
-        ):
-            raise SpecViolationError(
-                f"action {key!r} of element {i} has shape {tuple(value.shape)}, expected "
-                f"{tuple(expected)} (spec {sub_spec!r})",
-                key=key,
-            )
-        if value.dtype != sub_spec.dtype:
-            value = cast_action(key, sub_spec, value)
-            casts.append((i, key, value))
-        if run_type_checks and not sub_spec.is_in(value):
-            raise SpecViolationError(
-                f"action {key!r} of element {i} is outside its spec {sub_spec!r}", key=key
-            )
+    casts: list[tuple[Any, Any, torch.Tensor]] = []
+    _check_elements(td, key, spec, run_type_checks, (), casts)
     return casts
 
 
-def write_casts(td: TensorDictBase, casts: list[tuple[int | None, Any, torch.Tensor]]) -> None:
-    """Write cast actions into ``td`` (an element of a lazy stack where one is named)."""
-    for element, key, value in casts:
-        if element is None:
-            td.set(key, value)
-        else:
-            td.tensordicts[element].set(key, value)  # type: ignore[attr-defined]
+def _check_elements(
+    td: TensorDictBase,
+    key: Any,
+    spec: Any,
+    run_type_checks: bool,
+    where: tuple[int, ...],
+    casts: list[tuple[Any, Any, torch.Tensor]],
+) -> None:
+    if heterogeneous(td, key, spec):
+        level, leaf = _stack_level(td, key)
+        for i, (sub, sub_spec) in enumerate(zip(level.tensordicts, spec._stack)):  # type: ignore[attr-defined]
+            _check_elements(sub, leaf, sub_spec, run_type_checks, (*where, i), casts)
+        return
+    name = "element " + ", ".join(map(str, where)) if where else "the input"
+    value = td.get(key, None)
+    if value is None:
+        raise SpecViolationError(
+            f"action key {key!r} is missing from {name}; expected {spec!r}", key=key
+        )
+    if not isinstance(value, torch.Tensor):
+        return
+    expected = spec.shape
+    if value.shape != expected and (
+        len(value.shape) != len(expected)
+        or any(e != -1 and e != s for e, s in zip(expected, value.shape))
+    ):
+        raise SpecViolationError(
+            f"action {key!r} of {name} has shape {tuple(value.shape)}, expected "
+            f"{tuple(expected)} (spec {spec!r})",
+            key=key,
+        )
+    if spec.dtype is not None and value.dtype != spec.dtype:
+        value = cast_action(key, spec, value)
+        casts.append((td, key, value))
+    if run_type_checks and not spec.is_in(value):
+        raise SpecViolationError(f"action {key!r} of {name} is outside its spec {spec!r}", key=key)
+
+
+def write_casts(td: TensorDictBase, casts: list[tuple[Any, Any, torch.Tensor]]) -> None:
+    """Write cast actions where they were read (``None``: ``td`` itself)."""
+    for target, key, value in casts:
+        (td if target is None else target).set(key, value)

@@ -287,9 +287,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     def _check_actions(self, td: TensorDictBase) -> None:
         extra = self._extra_dims(td)
         get = getter(td)
-        # (element or None, key, value) casts, written once every action passed the checks:
-        # a failed check leaves the input as it came
-        casts: list[tuple[int | None, Any, torch.Tensor]] = []
+        # (tensordict or None for td, key, value) casts, written once every action passed
+        # the checks: a failed check leaves the input as it came
+        casts: list[tuple[Any, Any, torch.Tensor]] = []
         for key, spec, tensorlike in self._action_checks:
             mixed = spec.dtype is None  # a stack of specs whose dtypes differ
             try:

@@ -8,7 +8,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict.nn import InteractionType as ExplorationType
 from tensordict.nn import interaction_type as _interaction_type
 from tensordict.nn import set_interaction_type as set_exploration_type
@@ -219,13 +219,15 @@ async def acheck_env_specs(
         )
     problems = []
     for key in fake_keys:
-        a, b = fake.get(key), step0.get(key)
-        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            continue
-        if a.shape != b.shape and not _dynamic_match(env, key, a.shape, b.shape):
-            problems.append(f"{key}: spec shape {tuple(a.shape)}, rollout shape {tuple(b.shape)}")
-        elif check_dtype and a.dtype != b.dtype:
-            problems.append(f"{key}: spec dtype {a.dtype}, rollout dtype {b.dtype}")
+        for a, b in zip(_values(fake, key), _values(step0, key)):
+            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+                continue
+            if a.shape != b.shape and not _dynamic_match(env, key, a.shape, b.shape):
+                problems.append(
+                    f"{key}: spec shape {tuple(a.shape)}, rollout shape {tuple(b.shape)}"
+                )
+            elif check_dtype and a.dtype != b.dtype:
+                problems.append(f"{key}: spec dtype {a.dtype}, rollout dtype {b.dtype}")
     if problems:
         raise AssertionError(
             "the env's outputs and its specs disagree:\n  " + "\n  ".join(problems)
@@ -241,11 +243,36 @@ async def acheck_env_specs(
         if extra:
             spec = spec.expand(*extra, *spec.shape)
         for key in spec.keys(True, True):
-            value = step0.get(("next", *unravel(key)))
-            if isinstance(value, torch.Tensor) and not spec[key].is_in(value):
-                raise AssertionError(
-                    f"('next', {key!r}) = {value} is outside its spec {spec[key]!r}"
-                )
+            # a heterogeneous level (elements of different shapes) is checked as a whole
+            key, value = _readable(step0, ("next", *unravel(key)))
+            if isinstance(value, TensorDictBase | torch.Tensor) and not spec[key[1:]].is_in(value):
+                raise AssertionError(f"{key!r} = {value} is outside its spec {spec[key[1:]]!r}")
+
+
+def _values(td: TensorDictBase, key: tuple[str, ...]) -> list[Any]:
+    """The values of ``key`` in ``td``: one, or one per element of a lazy stack whose
+    elements differ in shape (read element by element, through nested stacks)."""
+    if isinstance(td, LazyStackedTensorDict):
+        try:
+            return [td.get(key)]
+        except RuntimeError:
+            return [v for sub in td.tensordicts for v in _values(sub, key)]
+    for i in range(1, len(key)):
+        sub = td.get(key[:i], None)
+        if isinstance(sub, LazyStackedTensorDict):
+            return _values(sub, key[i:])
+    return [td.get(key)]
+
+
+def _readable(td: TensorDictBase, key: tuple[str, ...]) -> tuple[tuple[str, ...], Any]:
+    """``key`` and its value, or the deepest level above it that reads as one value."""
+    while True:
+        try:
+            return key, td.get(key)
+        except RuntimeError:  # a lazy stack of entries of different shapes
+            if len(key) <= 2:
+                raise
+            key = key[:-1]
 
 
 def _dynamic_match(

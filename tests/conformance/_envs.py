@@ -10,7 +10,7 @@ from typing import Any
 
 import cloudpickle
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from aenv import EnvBase
 from aenv.specs import Binary, Bounded, Categorical, Composite, Unbounded
@@ -190,6 +190,54 @@ class DoublingEnv(EnvBase):
             terminated=done.clone(),
             batch_size=bs,
         )
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
+
+
+class HeteroAgentsEnv(EnvBase):
+    """Two agents whose observations and actions differ in width (3 and 2), lazy-stacked
+    under ``"agents"`` (TorchRL's HeterogeneousCountingEnv): each agent's observation adds
+    its actions up; done after ``max_steps``."""
+
+    widths = (3, 2)
+
+    def __init__(self, max_steps: int = 3) -> None:
+        super().__init__()
+        self.max_steps = max_steps
+
+        def agents(**leaves: Any) -> Any:
+            return torch.stack(
+                [Composite({k: fn(w) for k, fn in leaves.items()}, shape=()) for w in self.widths],
+                0,
+            )
+
+        self.observation_spec = Composite(
+            agents=agents(observation=lambda w: Unbounded((w,))), shape=()
+        )
+        self.full_action_spec = Composite(
+            agents=agents(action=lambda w: Bounded(-1.0, 1.0, shape=(w,))), shape=()
+        )
+        self.reward_spec = Unbounded((1,))
+        self.totals = [torch.zeros(w) for w in self.widths]
+        self.t = 0
+
+    def _obs(self) -> TensorDictBase:
+        parts = [TensorDict(observation=t.clone()) for t in self.totals]
+        return TensorDict(agents=LazyStackedTensorDict(*parts, stack_dim=0))
+
+    def _reset(self, td: Any) -> TensorDictBase:
+        self.totals, self.t = [torch.zeros(w) for w in self.widths], 0
+        return self._obs()
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        actions = td["agents"].tensordicts
+        self.totals = [t + a["action"] for t, a in zip(self.totals, actions)]
+        self.t += 1
+        out = self._obs()
+        out["reward"] = torch.ones(1)
+        out["done"] = _flag(self.t >= self.max_steps)
+        return out
 
     def _set_seed(self, seed: int | None) -> None:
         pass

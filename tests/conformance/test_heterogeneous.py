@@ -10,12 +10,12 @@ import pytest
 import torch
 from tensordict import LazyStackedTensorDict
 
-from aenv import GymEnv
+from aenv import GymEnv, step_mdp
 from aenv.exceptions import SpecError, SpecViolationError
 from aenv.pool import AsyncEnvPool
 from aenv.sync import ParallelEnv, SerialEnv, SyncEnv
 from aenv.testing import DynamicSpecEnv
-from conformance._envs import WidthEnv
+from conformance._envs import HeteroAgentsEnv, WidthEnv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,3 +139,45 @@ def test_batched_dynamic_specs_match_single_envs(facade, stack, break_when_any_d
         assert stepped[0]["next", "observation"].shape == (3, 3, 2)
         _, nxt = env.step_and_maybe_reset(env.rand_action(env.step_mdp(stepped)))
         assert nxt[0]["observation"].shape == (3, 4, 2)
+
+
+def _agents_run(env) -> None:
+    """reset, rand_step, step, step_and_maybe_reset and rollout of HeteroAgentsEnv(s)."""
+    td = env.reset()
+    agents = td[(0,) * len(env.batch_size)]["agents"]
+    assert [agents[i]["observation"].shape for i in range(2)] == [(3,), (2,)]
+    td = env.rand_step(td)
+    td = env.step(env.rand_action(step_mdp(td)))
+    _, nxt = env.step_and_maybe_reset(env.rand_action(step_mdp(td)))
+    assert nxt.batch_size == env.batch_size
+    rollout = env.rollout(5, break_when_any_done=False, return_contiguous=False)
+    assert rollout.batch_size == (*env.batch_size, 5)
+    env.check_env_specs(return_contiguous=False)
+    # each agent's observation adds its own actions up (HeteroAgentsEnv: done after 3)
+    first = rollout[(0,) * len(env.batch_size)]
+    for agent, width in enumerate((3, 2)):
+        actions = torch.stack([first[t]["agents"][agent]["action"] for t in range(3)])
+        observed = torch.stack([first[t]["next", "agents"][agent]["observation"] for t in range(3)])
+        assert observed.shape == (3, width)
+        torch.testing.assert_close(observed, actions.cumsum(0))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("where", ["alone", "serial", "parallel"])
+def test_heterogeneous_agents_env_alone_and_batched(where):
+    # TorchRL's TestHeteroEnvs: agents whose entries differ in shape, lazy-stacked
+    if where == "alone":
+        env = SyncEnv(HeteroAgentsEnv())
+    elif where == "serial":
+        env = SerialEnv(2, HeteroAgentsEnv, stack="lazy")
+    else:
+        env = ParallelEnv(2, HeteroAgentsEnv, stack="lazy")
+    with env:
+        _agents_run(env)
+
+
+def test_pool_of_envs_with_heterogeneous_insides_needs_a_lazy_stack():
+    # aenv differs on purpose: TorchRL's batched envs pick lazy stacking themselves; an
+    # aenv pool says which it does (stack="lazy"), and a dense one says why it cannot
+    with pytest.raises(SpecError, match="stack='lazy'"):
+        SerialEnv(2, HeteroAgentsEnv)
