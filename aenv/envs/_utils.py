@@ -79,7 +79,7 @@ def _env_methods(env: Any) -> frozenset[str]:
     base env's methods through attribute reads)."""
     methods: frozenset[str] = frozenset()
     while env is not None:
-        methods |= public_methods(type(env))
+        methods |= public_methods(type(env))  # type: ignore[arg-type]
         env = env.__dict__.get("base_env")
     return methods
 
