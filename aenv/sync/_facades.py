@@ -179,7 +179,8 @@ class SerialEnv(SyncEnv):
 
     A sync facade over a coroutine :class:`~aenv.pool.AsyncEnvPool`: batch size
     ``(num_workers, *sub_batch)``, partial resets through ``"_reset"``, attribute reads
-    fanned out to the sub-envs (``a, b, c, d = env.g``).
+    fanned out to the sub-envs (``a, b, c, d = env.g``) and method calls too (``env.m(x)``
+    calls ``m`` in every sub-env and returns one result per env), each in one hop.
 
     Args:
         num_workers: number of sub-envs.
