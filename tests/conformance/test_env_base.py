@@ -245,8 +245,7 @@ def test_sync_facade_rollout_matches_the_async_one():
     env.close()
 
 
-# items 4-6 of issue 24: the rollout loop is being rewritten
-@pytest.mark.xfail(strict=True, reason="lead: rollout rewrite")
+# items 4-6 of issue 24 (the lead's rollout rewrite)
 async def test_out_of_place_policy_keeps_the_observation():
     env = CountingEnv(max_steps=10)
     action = env.full_action_spec["action"].zero()
@@ -254,7 +253,6 @@ async def test_out_of_place_policy_keeps_the_observation():
     assert "observation" in td.keys() and "done" in td.keys()
 
 
-@pytest.mark.xfail(strict=True, reason="lead: rollout rewrite")
 async def test_plain_module_policy_reads_the_observation():
     env = GymEnv("CartPole-v1", categorical_action_encoding=True)
 
@@ -270,7 +268,6 @@ async def test_plain_module_policy_reads_the_observation():
         await env.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason="lead: rollout rewrite")
 async def test_chained_rollouts_continue_where_the_last_step_left():
     env = CountingEnv(max_steps=[2, 10], batch_size=(2,))
     first = await env.rollout(
