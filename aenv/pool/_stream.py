@@ -206,8 +206,6 @@ class StreamMixin(_Dispatcher):
         deadline_s: float | None,
         env_index: int | None,
     ) -> Any:
-        if max_get is not None and max_get < min_get:
-            raise ValueError(f"max_get={max_get} is less than min_get={min_get}")
         ready = self._ready[op]
         if env_index is not None:
 

@@ -218,13 +218,15 @@ async def test_auto_reset_with_a_reset_input_on_batched_rollouts():
         assert out["observation"].squeeze(-1).tolist() == [1, 0]
 
 
-async def test_recv_refuses_max_get_below_min_get():
-    # a smaller difference of issue 24: TorchRL checks it too
+async def test_recv_with_max_get_below_min_get_waits_and_keeps_the_rest():
+    # aenv differs on purpose (a smaller difference of issue 24): min_get says how many
+    # results to wait for and max_get how many to take; the others stay for the next recv
     async with counting_pool("coroutine") as pool:
         td = await pool.reset()
         td["env_index"] = torch.arange(3)
         pool.async_step_send(pool.rand_action(td))
-        with pytest.raises(ValueError, match="max_get=1 is less than min_get=2"):
-            await pool.async_step_recv(min_get=2, max_get=1)
-        out = await pool.async_step_recv(min_get=3)
-        assert sorted(out["env_index"].tolist()) == [0, 1, 2]
+        first = await pool.async_step_recv(min_get=2, max_get=1)
+        assert first.batch_size == (1,)
+        rest = await pool.async_step_recv(min_get=2)
+        got = first["env_index"].tolist() + rest["env_index"].tolist()
+        assert sorted(got) == [0, 1, 2]
