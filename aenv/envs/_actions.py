@@ -31,17 +31,21 @@ def cast_action(key: Any, spec: Any, value: torch.Tensor) -> torch.Tensor:
         SpecViolationError: the dtype cannot hold the value.
     """
     target = spec.dtype
-    cast = value.to(target)
-    lost: torch.Tensor | None
-    if value.is_floating_point() and target.is_floating_point:
-        lost = torch.isinf(cast) & torch.isfinite(value)
-    elif value.is_complex() or target.is_complex:
-        lost = torch.ones((), dtype=torch.bool) if value.is_complex() != target.is_complex else None
+    lost: torch.Tensor | None = None
+    if value.is_complex() and not target.is_complex:  # only values with no imaginary part
+        real = value.real
+        cast = real.to(target)
+        lost = (value.imag != 0) | (cast.to(real.dtype) != real)
     else:
-        back = cast.to(value.dtype)
-        lost = (back != value) & ~(torch.isnan(value) & torch.isnan(back))
-        if value.is_floating_point():
-            lost = lost | torch.isnan(value)
+        cast = value.to(target)
+        if target.is_floating_point or target.is_complex:  # rounds: only overflow is lost
+            if value.is_floating_point():
+                lost = torch.isinf(cast) & torch.isfinite(value)
+        else:  # an integer or bool dtype: the value must come back unchanged
+            back = cast.to(value.dtype)
+            lost = back != value
+            if value.is_floating_point():
+                lost = lost | torch.isnan(value)
     if lost is not None and bool(lost.any()):
         bad = value[lost] if lost.ndim else value
         raise SpecViolationError(
