@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorStack,
+    TensorDict,
+    TensorDictBase,
+    is_non_tensor,
+)
 
 from aenv.exceptions import SpecError
 
@@ -252,7 +259,39 @@ def mask_merge(
         elif prev.dtype != value.dtype:
             prev = prev.to(value.dtype)
         new.set(key, torch.where(m, value, prev))
+    if old is not None:
+        # non-tensor entries (strings...) are not leaves of keys(): merged element-wise
+        for key in list(new.keys(include_nested=True)):
+            value = new.get(key)
+            if is_non_tensor(value) and unravel(key) not in skip_set:
+                _merge_non_tensor(new, old, key, value, mask)
     return new
+
+
+def _merge_non_tensor(
+    new: TensorDictBase, old: TensorDictBase, key: NestedKey, value: Any, mask: torch.Tensor
+) -> None:
+    """:func:`mask_merge` for a non-tensor entry: element by element over the batch dims
+    (strings of the elements the mask leaves out come from ``old``)."""
+    prev = old.get(key, None)
+    bs = new.batch_size
+    n = math.prod(bs)
+    if prev is None or not is_non_tensor(prev) or not bs or mask.numel() % n:
+        return
+    flags = mask.reshape(n, -1).any(-1).tolist()
+    current, before = _flatten(value.tolist(), len(bs)), _flatten(prev.tolist(), len(bs))
+    if len(current) != n or len(before) != n:
+        return
+    merged = [c if f else b for c, f, b in zip(current, flags, before)]
+    for size in reversed(bs[1:]):
+        merged = [merged[i : i + size] for i in range(0, len(merged), size)]
+    new.set(key, NonTensorStack.from_list(merged))
+
+
+def _flatten(values: Any, ndim: int) -> list[Any]:
+    for _ in range(ndim - 1):
+        values = [v for row in values for v in row]
+    return list(values)
 
 
 ExclusionTree = dict[str, Any]

@@ -241,3 +241,16 @@ class HeteroAgentsEnv(EnvBase):
 
     def _set_seed(self, seed: int | None) -> None:
         pass
+
+
+class SelfResettingEnv(CountingEnv):
+    """Resets itself on the step that ends an episode (TorchRL's AutoResettingCountingEnv):
+    that step returns the done flags with the next episode's first observation."""
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        out = super()._step(td)
+        done = out["done"]
+        if bool(done.any()):
+            self.count = torch.where(done, torch.zeros_like(self.count), self.count)
+            out["observation"] = self.count.clone()
+        return out
