@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import GymEnv, check_env_specs
+from aenv import GymEnv, acheck_env_specs
 from aenv.exceptions import EnvClosedError, PoolError
 from aenv.pool import AsyncEnvPool
 from aenv.sync import ParallelEnv, SerialEnv, SyncEnv
@@ -31,7 +31,7 @@ async def test_batch_size_shape_and_stacked_specs(backend):
         assert pool.batch_size == pool.shape == torch.Size([3])
         assert pool.observation_spec["observation"].shape == (3, 1)
         assert pool.full_action_spec["action"].shape == (3, 1)
-        await check_env_specs(pool)
+        await acheck_env_specs(pool)
 
 
 def test_facades_have_a_shape():
@@ -172,7 +172,7 @@ async def test_nested_sub_batched_envs(backend):
         assert pool.batch_size == (2, 3)
         td = await pool.rollout(4, break_when_any_done=False)
         assert td["next", "agents", "observation"].shape == (2, 3, 4, 2, 1)
-        await check_env_specs(pool)
+        await acheck_env_specs(pool)
 
 
 async def test_nested_partial_reset_at_the_agent_level(backend):

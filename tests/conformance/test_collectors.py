@@ -52,7 +52,7 @@ def test_sync_collector_with_a_module_policy_on_a_batched_env():
 async def test_trajectory_ids_and_split_trajectories():
     c = Collector(CountingEnv(max_steps=3), ones_policy, frames_per_batch=8, total_frames=8)
     (batch,) = [b async for b in c]
-    await c.shutdown()
+    await c.ashutdown()
     assert batch["collector", "traj_ids"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
     split = split_trajectories(batch)
     assert split.batch_size == (3, 3)
@@ -69,7 +69,7 @@ async def test_max_frames_per_traj_truncates():
         max_frames_per_traj=2,
     )
     (batch,) = [b async for b in c]
-    await c.shutdown()
+    await c.ashutdown()
     assert batch["next", "truncated"].squeeze(-1).tolist() == [False, True] * 3
     assert batch["next", "observation"].squeeze(-1).tolist() == [1, 2] * 3
 
@@ -83,7 +83,7 @@ async def test_reset_at_each_iter_starts_fresh_episodes():
         reset_at_each_iter=True,
     )
     got = [b async for b in c]
-    await c.shutdown()
+    await c.ashutdown()
     assert [b["observation"].squeeze(-1).tolist() for b in got] == [[0, 1, 2], [0, 1, 2]]
 
 
@@ -93,7 +93,7 @@ async def test_collector_on_a_pool_streams_env_indices():
     pool = AsyncEnvPool([partial(CountingEnv, max_steps=3)] * 2)
     c = Collector(pool, ones_policy, frames_per_batch=4, total_frames=8)
     got = [b async for b in c]
-    await c.shutdown()
+    await c.ashutdown()
     assert sum(b.numel() for b in got) >= 8
     indices = torch.cat([b["env_index"].reshape(-1) for b in got])
     assert set(indices.tolist()) == {0, 1}

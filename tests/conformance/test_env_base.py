@@ -10,7 +10,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 from torch import nn
 
-from aenv import GymEnv, check_env_specs
+from aenv import GymEnv, acheck_env_specs
 from aenv.exceptions import BatchSizeError, LockedSpecError, SpecViolationError
 from aenv.specs import Unbounded
 from aenv.sync import SyncEnv
@@ -29,18 +29,18 @@ pytestmark = pytest.mark.timeout(60)
 
 async def test_check_env_specs_passes_and_catches_a_wrong_dtype():
     env = CountingEnv()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     env.set_spec_lock_(False)
     env.output_spec["full_observation_spec", "observation"] = Unbounded((1,), dtype=torch.float16)
     # aenv raises AssertionError naming the key (TorchRL: a TypeError)
     with pytest.raises(AssertionError, match="observation"):
-        await check_env_specs(env)
+        await acheck_env_specs(env)
 
 
 async def test_check_env_specs_accepts_state_keys_in_the_step_output():
     # issue 24 item 2: "hidden" is in state_spec and _step returns it too
     env = StateEnv()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     td = await env.rollout(3)
     assert td["next", "hidden"][-1].tolist() == [3.0] * 4
 
@@ -184,7 +184,7 @@ async def test_step_and_maybe_reset_resets_what_is_done():
 async def test_env_with_no_entries_runs():
     # TorchRL's env that does nothing (the batched cases are in test_batched.py)
     env = NothingEnv()
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     td = await env.rollout(3)
     # aenv differs on purpose: an env always has a reward (a default spec, zero-filled
     # when _step leaves it out), so rollouts always match the specs
@@ -232,7 +232,7 @@ async def test_dynamic_spec_rollout_is_a_lazy_stack():
     td = await env.rollout(4, return_contiguous=False)
     assert isinstance(td, LazyStackedTensorDict)
     assert [t["next", "observation"].shape[1] for t in td.unbind(0)] == [2, 3, 4, 5]
-    await check_env_specs(env, return_contiguous=False)
+    await acheck_env_specs(env, return_contiguous=False)
     # aenv differs on purpose: return_contiguous=True gives the lazy stack too (TorchRL
     # raises): a dynamic spec has no contiguous form
     assert isinstance(await env.rollout(4), LazyStackedTensorDict)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aenv import check_env_specs
+from aenv import acheck_env_specs
 from aenv.pool import AsyncEnvPool
 from aenv.specs import Composite, Unbounded
 from aenv.sync import SerialEnv
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def test_step_counter_counts_truncates_and_resets():
     env = TransformedEnv(CountingEnv(max_steps=100), StepCounter(max_steps=3))
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     td = await env.rollout(10)
     assert td["next", "step_count"].squeeze(-1).tolist() == [1, 2, 3]
     assert td["next", "truncated"].squeeze(-1).tolist() == [False, False, True]
@@ -42,7 +42,7 @@ async def test_step_counter_counts_truncates_and_resets():
 
 async def test_reward_sum_accumulates_within_an_episode():
     env = TransformedEnv(CountingEnv(max_steps=2), RewardSum())
-    await check_env_specs(env)
+    await acheck_env_specs(env)
     td = await env.rollout(5, break_when_any_done=False)
     assert td["next", "episode_reward"].squeeze(-1).tolist() == [1, 2, 1, 2, 1]
 
@@ -77,7 +77,7 @@ async def test_observation_norm_moves_data_and_specs():
     )
     td = await env.rollout(3)
     assert td["next", "observation"].squeeze(-1).tolist() == [3.0, 5.0, 7.0]
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_reward_scaling():
@@ -122,7 +122,7 @@ async def test_double_to_float_changes_spec_and_data():
     assert env.observation_spec["observation"].dtype == torch.float32
     td = await env.rollout(2)
     assert td["observation"].dtype == td["next", "observation"].dtype == torch.float32
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_exclude_transform_drops_keys_from_data_and_specs():
@@ -130,7 +130,7 @@ async def test_exclude_transform_drops_keys_from_data_and_specs():
     assert "observation" not in env.observation_spec.keys()
     td = await env.rollout(2)
     assert "observation" not in td.keys() and ("next", "observation") not in td.keys(True)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 async def test_primer_adds_state_entries():
@@ -138,7 +138,7 @@ async def test_primer_adds_state_entries():
     assert "hidden" in env.state_spec.keys()
     td = await env.rollout(3)
     assert td["hidden"].shape == (3, 4) and ("next", "hidden") in td.keys(True)
-    await check_env_specs(env)
+    await acheck_env_specs(env)
 
 
 def test_transformed_env_reaches_the_base_env_attributes():
