@@ -26,6 +26,9 @@ __all__ = ["AsyncEnvPool", "CoroutineAsyncEnvPool", "ThreadingAsyncEnvPool"]
 
 EnvFns = Sequence[Callable[..., EnvBase]] | tuple[int, Callable[..., EnvBase]]
 
+#: backends whose sub-envs live in this process: attribute reads cost no I/O
+_IN_PROCESS = frozenset(("coroutine", "thread"))
+
 
 def _normalize_fns(
     env_fns: EnvFns, create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
@@ -621,19 +624,26 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         return any(name in m.methods for m in metas)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names the pool itself lacks. Reading the sub-envs is I/O (a
-        # round trip per env on the process backend), so it is never done behind an
-        # attribute read on the event loop: the awaited forms do it, all envs at once.
-        # (The sync facades turn ``env.name`` into one of them.)
-        if name.startswith("_") or "_metas" not in self.__dict__:
+        # Only reached for names the pool itself lacks: the sub-envs' attribute, one value
+        # per env, read where it costs no I/O. Sub-envs in this process (coroutine and
+        # thread backends) are read in place (a thread backend's env in its thread when
+        # idle, never waiting on its work). Sub-envs elsewhere (worker processes) would
+        # cost a blocking round trip per env on the event loop, for every typo or hasattr:
+        # the awaited forms do that, all envs at once (and the sync facades fan ``env.name``
+        # out through them).
+        backend = self.__dict__.get("_backend")
+        if name.startswith("_") or backend is None or "_metas" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if self.backend in _IN_PROCESS:
+            return [backend.getattr_sync(i, name) for i in range(self.num_envs)]
         if self.sub_env_has_method(name):
             hint = f"call it on every sub-env with `await pool.call({name!r}, ...)`"
         else:
             hint = f"read the sub-envs' attribute with `await pool.get_attr({name!r})`"
         raise AttributeError(
-            f"{type(self).__name__!r} object has no attribute {name!r}; {hint} "
-            "(or use a sync facade: SerialEnv / ParallelEnv / SyncEnv fan `env.name` out)"
+            f"{type(self).__name__!r} object has no attribute {name!r}; its sub-envs live in "
+            f"other processes: {hint} (or use a sync facade: ParallelEnv / SyncEnv fan "
+            "`env.name` out)"
         )
 
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:

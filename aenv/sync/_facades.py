@@ -83,13 +83,11 @@ class SyncEnv:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        try:
-            value = getattr(self.env, name)
-        except AttributeError:
-            pool = _pool_under(self.env)
-            if pool is None or name.startswith("_"):
-                raise
+        pool = _pool_under(self.env)
+        if pool is not None and not name.startswith("_") and not _own(self.env, name):
+            # a sub-env attribute or method: one hop for all sub-envs, calls where they live
             return self._fan_out(pool, name)
+        value = getattr(self.env, name)
         if inspect.iscoroutinefunction(value):
 
             @functools.wraps(value)
@@ -229,6 +227,19 @@ def _pool_under(env: Any) -> Any:
             return env
         env = env.__dict__.get("base_env")
     return None
+
+
+def _own(env: Any, name: str) -> bool:
+    """Whether ``name`` is an attribute of ``env`` or of the envs it wraps down to the pool
+    (found statically: no fan-out to sub-envs behind it)."""
+    while env is not None:
+        try:
+            inspect.getattr_static(env, name)
+        except AttributeError:
+            env = env.__dict__.get("base_env")
+        else:
+            return True
+    return False
 
 
 def _is_attribute_error(exc: BaseException) -> bool:

@@ -142,9 +142,9 @@ def test_serial_env_custom_method():
         assert env.calls == [1, 1]
 
 
-async def test_async_pool_reads_sub_envs_only_when_awaited():
+async def test_async_process_pool_reads_sub_envs_only_when_awaited():
     # issue 16: no I/O behind a plain attribute read on the async pool
-    async with AsyncEnvPool((2, MethodEnv), backend="thread") as pool:
+    async with AsyncEnvPool((2, MethodEnv), backend="process") as pool:
         with pytest.raises(AttributeError, match="get_attr"):
             pool.calls  # noqa: B018
         assert await pool.call("custom_fun") == [0, 0]

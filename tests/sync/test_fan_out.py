@@ -80,8 +80,8 @@ def test_unknown_name_is_an_attribute_error_in_one_hop():
             env.no_such_attr  # noqa: B018
 
 
-async def test_async_pool_points_to_the_awaited_forms():
-    async with AsyncEnvPool((2, BumpEnv), backend="thread") as pool:
+async def test_async_process_pool_points_to_the_awaited_forms():
+    async with AsyncEnvPool((2, BumpEnv), backend="process") as pool:
         with pytest.raises(AttributeError, match=r"await pool\.get_attr\('bumps'\)"):
             pool.bumps  # noqa: B018
         with pytest.raises(AttributeError, match=r"await pool\.call\('bump', \.\.\.\)"):
@@ -90,3 +90,12 @@ async def test_async_pool_points_to_the_awaited_forms():
         assert [b for b, _ in await pool.call("bump", 2)] == [2, 2]
         assert await pool.get_attr("bumps") == [2, 2]
         assert pool.sub_env_has_method("bump") and not pool.sub_env_has_method("bumps")
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "thread"])
+async def test_async_in_process_pool_reads_attributes_in_place(backend):
+    # sub-envs in this process: a plain read is no I/O, one value per env
+    async with AsyncEnvPool((2, BumpEnv), backend=backend) as pool:
+        await pool.call("bump", 3)
+        assert pool.bumps == [3, 3]
+        assert not hasattr(pool, "typo")
