@@ -35,8 +35,8 @@ def split_inputs(
         value = td.get(key, None)
         if value is None:
             continue
-        if type(value) is not torch.Tensor:
-            return [td[i].select(*(k for k, _ in cols), key, strict=False) for i in indices]
+        if type(value) is not torch.Tensor:  # non-tensor data: every key, env by env
+            return [td[i].select(*keys, strict=False) for i in indices]
         cols.append((key, value))
     device = td.device
     if not all(type(k) is str for k, _ in cols):
