@@ -12,8 +12,21 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import (
+    LazyStackedTensorDict,
+    TensorDict,
+    TensorDictBase,
+    is_non_tensor,
+)
 
+from aenv._mdp_tree import (
+    ExclusionTree,
+    carry,
+    exclusion_tree,
+    fast_stack,
+    fast_step_mdp,
+    merge_non_tensor,
+)
 from aenv.exceptions import SpecError
 
 NestedKey = str | tuple[str, ...]
@@ -252,52 +265,26 @@ def mask_merge(
         elif prev.dtype != value.dtype:
             prev = prev.to(value.dtype)
         new.set(key, torch.where(m, value, prev))
+    if old is not None:
+        # non-tensor entries (strings...) are not leaves of keys(): merged element-wise
+        for key in list(new.keys(include_nested=True)):
+            value = new.get(key)
+            if is_non_tensor(value) and unravel(key) not in skip_set:
+                merge_non_tensor(new, old, key, value, mask)
     return new
 
 
-ExclusionTree = dict[str, Any]
+_DONE_KEYS = ("done", "terminated", "truncated")
 
 
-def exclusion_tree(keys: Iterable[NestedKey]) -> ExclusionTree:
-    """A nested dict of keys to skip: ``{"next": True, "agents": {"action": True}}``."""
-    tree: ExclusionTree = {}
-    for key in keys:
-        node = tree
-        parts = unravel(key)
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is True:
-                break
-            if child is None:
-                child = node[part] = {}
-            node = child
-        else:
-            node[parts[-1]] = True
-    return tree
-
-
-def _carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> None:
-    """Copy ``src`` entries missing from ``dst`` into it, skipping ``tree``'s keys."""
-    for key, value in src.items():
-        sub = tree.get(key)
-        if sub is True or key == "_reset" or key == "_step":
-            continue
-        existing = dst.get(key, None)
-        if existing is value:
-            continue
-        if isinstance(value, TensorDictBase):
-            if existing is None:
-                if sub is None:
-                    dst.set(key, value.copy())
-                else:
-                    new = value.empty()
-                    _carry(value, new, sub)
-                    if not new.is_empty():
-                        dst.set(key, new)
-            elif isinstance(existing, TensorDictBase):
-                _carry(value, existing, sub or {})
-        elif existing is None:
-            dst.set(key, value)
+def _key_list(keys: NestedKey | Sequence[NestedKey], default: Any = None) -> list[NestedKey]:
+    """One key (a string, or a tuple of strings naming one nested key) or a list of keys,
+    as a list of keys."""
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, tuple) and keys != default and all(isinstance(k, str) for k in keys):
+        return [keys]
+    return list(keys)
 
 
 def step_mdp(
@@ -308,10 +295,11 @@ def step_mdp(
     exclude_reward: bool = True,
     exclude_done: bool = False,
     exclude_action: bool = True,
-    reward_keys: Sequence[NestedKey] = ("reward",),
-    done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
-    action_keys: Sequence[NestedKey] = ("action",),
+    reward_keys: NestedKey | Sequence[NestedKey] = "reward",
+    done_keys: NestedKey | Sequence[NestedKey] = ("done", "terminated", "truncated"),
+    action_keys: NestedKey | Sequence[NestedKey] = "action",
     _tree: ExclusionTree | None = None,
+    _next: TensorDictBase | None = None,
 ) -> TensorDictBase:
     """Build the input of the next step from a stepped tensordict.
 
@@ -319,13 +307,58 @@ def step_mdp(
     kept when ``keep_other`` (policy states, for instance), except actions, rewards, done
     flags and private ``"_reset"``/``"_step"`` keys, each governed by its ``exclude_*`` flag.
 
+    ``next_tensordict``, when given, is the destination (as in TorchRL): the result is
+    written into it and it is returned.
+
+    ``reward_keys``, ``done_keys`` and ``action_keys`` each take one key (a string or a
+    tuple of strings: ``("agents", "reward")`` is one nested key) or a list of keys. The
+    default ``done_keys`` tuple is read as three keys, as before.
+
     Example:
         >>> td = TensorDict({"obs": torch.zeros(1), "action": torch.ones(1),
         ...                  "next": {"obs": torch.ones(1), "reward": torch.ones(1)}}, [])
         >>> step_mdp(td)["obs"]
         tensor([1.])
     """
-    nxt = tensordict.get("next") if next_tensordict is None else next_tensordict
+    reward_keys = _key_list(reward_keys)
+    done_keys = _key_list(done_keys, _DONE_KEYS)
+    action_keys = _key_list(action_keys)
+    if next_tensordict is not None:
+        out = step_mdp(
+            tensordict,
+            keep_other=keep_other,
+            exclude_reward=exclude_reward,
+            exclude_done=exclude_done,
+            exclude_action=exclude_action,
+            reward_keys=reward_keys,
+            done_keys=done_keys,
+            action_keys=action_keys,
+            _tree=_tree,
+            _next=_next,
+        )
+        return next_tensordict.update(out)
+    nxt = tensordict.get("next") if _next is None else _next
+    lazy = next((t for t in (tensordict, nxt) if isinstance(t, LazyStackedTensorDict)), None)
+    if lazy is not None and tensordict.batch_size == nxt.batch_size:
+        # element by element: the elements may differ in keys and shapes (heterogeneous
+        # envs, dynamic specs), which reading the stack as one tensordict cannot hold
+        dim = lazy.stack_dim
+        parts = [
+            step_mdp(
+                root,
+                _next=sub_next,
+                keep_other=keep_other,
+                exclude_reward=exclude_reward,
+                exclude_done=exclude_done,
+                exclude_action=exclude_action,
+                reward_keys=reward_keys,
+                done_keys=done_keys,
+                action_keys=action_keys,
+                _tree=_tree,
+            )
+            for root, sub_next in zip(tensordict.unbind(dim), nxt.unbind(dim))
+        ]
+        return LazyStackedTensorDict(*parts, stack_dim=dim)
     for value in nxt.values():
         if isinstance(value, TensorDictBase):
             # nested containers must not be shared with "next": a later reset updates the
@@ -343,104 +376,13 @@ def step_mdp(
             _tree = exclusion_tree(
                 ["next", *reward_keys, *done_keys, *(action_keys if exclude_action else ())]
             )
-        _carry(tensordict, out, _tree)
+        carry(tensordict, out, _tree)
     elif not exclude_action:
         for key in action_keys:
             value = tensordict.get(key, None)
             if value is not None:
                 out.set(key, value)
     return out
-
-
-def fast_step_mdp(
-    tensordict: TensorDictBase,
-    next_tensordict: TensorDictBase,
-    drop_next: frozenset[str],
-    drop_root: frozenset[str],
-) -> TensorDictBase | None:
-    """:func:`step_mdp` (default flags) over plain TensorDicts whose excluded keys are all
-    root-level strings; None when it does not apply (the caller then runs ``step_mdp``).
-
-    ``drop_next`` holds the reward keys; ``drop_root`` the keys the root does not carry over
-    (``"next"``, ``"_reset"``, ``"_step"``, rewards, done flags and actions). The result is
-    the same as ``step_mdp``'s: tensors are shared, nested containers are new (shallow)
-    copies, so editing the result never edits the stepped data.
-    """
-    if type(tensordict) is not TensorDict or type(next_tensordict) is not TensorDict:
-        return None
-    root = tensordict._tensordict
-    out: dict[str, Any] = {}
-    for key, value in next_tensordict._tensordict.items():
-        if key in drop_next:
-            continue
-        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
-            prev = root.get(key)
-            value = value.clone(False)
-            if prev is not None and prev is not next_tensordict._tensordict[key]:
-                if not isinstance(prev, TensorDictBase):
-                    return None
-                _carry(prev, value, {})
-        out[key] = value
-    for key, value in root.items():
-        if key in drop_root or key in out:
-            continue
-        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
-            value = value.copy()
-        out[key] = value
-    return TensorDict._new_unsafe(
-        out,  # type: ignore[arg-type]
-        batch_size=next_tensordict.batch_size,
-        device=next_tensordict.device,
-        nested=False,
-    )
-
-
-def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None:
-    """``torch.stack(tds, dim)`` for plain TensorDicts of one structure, built leaf by leaf.
-
-    Returns None when it does not apply (another kind of tensordict, differing keys or
-    devices, named dims, non-tensor leaves): the caller then uses ``torch.stack``. Raises
-    ``RuntimeError`` as ``torch.stack`` does when leaves' shapes differ.
-    """
-    first = tds[0]
-    if type(first) is not TensorDict or first._has_names():
-        return None
-    entries = first._tensordict
-    width = len(entries)
-    device = first.device
-    batch = first.batch_size
-    dicts = []
-    for td in tds:
-        if (
-            type(td) is not TensorDict
-            or len(td._tensordict) != width
-            or td.device != device
-            or td.batch_size != batch
-        ):
-            return None
-        dicts.append(td._tensordict)
-    out: dict[str, Any] = {}
-    try:
-        for key, value in entries.items():
-            if type(value) is torch.Tensor:
-                out[key] = torch.stack([d[key] for d in dicts], dim)
-            elif type(value) is TensorDict:
-                sub = fast_stack([d[key] for d in dicts], dim)
-                if sub is None:
-                    return None
-                out[key] = sub
-            else:
-                return None
-    except (KeyError, TypeError):
-        return None
-    size = list(batch)
-    size.insert(dim, len(tds))
-    return TensorDict._new_unsafe(
-        out,  # type: ignore[arg-type]
-        batch_size=torch.Size(size),
-        device=device,
-        nested=False,
-    )
 
 
 def terminated_or_truncated(

@@ -287,8 +287,21 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     def _check_actions(self, td: TensorDictBase) -> None:
         extra = self._extra_dims(td)
         get = getter(td)
+        # (tensordict or None for td, key, value) casts, written once every action passed
+        # the checks: a failed check leaves the input as it came
+        casts: list[tuple[Any, Any, torch.Tensor]] = []
         for key, spec, tensorlike in self._action_checks:
-            value = get(key)
+            mixed = spec.dtype is None  # a stack of specs whose dtypes differ
+            try:
+                value = get(key)
+            except RuntimeError:  # a lazy stack whose actions differ in shape
+                value, mixed = None, True
+            if mixed:
+                from aenv.envs._actions import check_stacked_action, heterogeneous
+
+                if heterogeneous(td, key, spec):  # one spec per element of a lazy stack
+                    casts += check_stacked_action(td, key, spec, self.run_type_checks)
+                    continue
             if value is None:
                 raise SpecViolationError(
                     f"action key {key!r} is missing from the input; expected {spec!r}", key=key
@@ -307,10 +320,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                     key=key,
                 )
             if value.dtype != spec.dtype:
-                raise SpecViolationError(
-                    f"action {key!r} has dtype {value.dtype}, expected {spec.dtype} (spec {spec!r})",
-                    key=key,
-                )
+                from aenv.envs._actions import cast_action
+
+                value = cast_action(key, spec, value)
+                casts.append((None, key, value))
             if self.run_type_checks:
                 check = spec.expand(*expected) if extra else spec
                 if not check.is_in(value):
@@ -320,6 +333,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                         f"{value.max().item() if value.numel() else None}",
                         key=key,
                     )
+        if casts:
+            from aenv.envs._actions import write_casts
+
+            write_casts(td, casts)
 
     def _extra_dims(self, td: TensorDictBase) -> torch.Size:
         """Leading dims of ``td`` beyond the env's batch size (none on a batch-locked env)."""

@@ -372,6 +372,72 @@ class EnvSpecsMixin:
     def done_key(self) -> NestedKey:
         return self._single_key("done", self.done_keys)
 
+    # ------------------------------------------------------------------ shape views
+    @property
+    def shape(self) -> torch.Size:
+        """The env's batch size (the seeds' ``env.shape``)."""
+        return self.batch_size
+
+    def _unbatched(self, spec: TensorSpec) -> TensorSpec:
+        """``spec`` for one batch element: its first element along every batch dim."""
+        n = len(self.batch_size)
+        return spec[(0,) * n] if n else spec.clone()
+
+    @property
+    def input_spec_unbatched(self) -> Composite:
+        """``input_spec`` without the batch dims."""
+        return self._unbatched(self.input_spec)  # type: ignore[return-value]
+
+    @property
+    def output_spec_unbatched(self) -> Composite:
+        """``output_spec`` without the batch dims."""
+        return self._unbatched(self.output_spec)  # type: ignore[return-value]
+
+    @property
+    def full_action_spec_unbatched(self) -> Composite:
+        """``full_action_spec`` without the batch dims."""
+        return self._unbatched(self.full_action_spec)  # type: ignore[return-value]
+
+    @property
+    def action_spec_unbatched(self) -> TensorSpec:
+        """``action_spec`` without the batch dims."""
+        return self._unbatched(self.action_spec)
+
+    @property
+    def full_observation_spec_unbatched(self) -> Composite:
+        """``full_observation_spec`` without the batch dims."""
+        return self._unbatched(self.full_observation_spec)  # type: ignore[return-value]
+
+    @property
+    def observation_spec_unbatched(self) -> Composite:
+        """``observation_spec`` without the batch dims."""
+        return self._unbatched(self.observation_spec)  # type: ignore[return-value]
+
+    @property
+    def full_reward_spec_unbatched(self) -> Composite:
+        """``full_reward_spec`` without the batch dims."""
+        return self._unbatched(self.full_reward_spec)  # type: ignore[return-value]
+
+    @property
+    def reward_spec_unbatched(self) -> TensorSpec:
+        """``reward_spec`` without the batch dims."""
+        return self._unbatched(self.reward_spec)
+
+    @property
+    def full_done_spec_unbatched(self) -> Composite:
+        """``full_done_spec`` without the batch dims."""
+        return self._unbatched(self.full_done_spec)  # type: ignore[return-value]
+
+    @property
+    def done_spec_unbatched(self) -> TensorSpec:
+        """``done_spec`` without the batch dims."""
+        return self._unbatched(self.done_spec)
+
+    @property
+    def full_state_spec_unbatched(self) -> Composite:
+        """``full_state_spec`` without the batch dims."""
+        return self._unbatched(self.full_state_spec)  # type: ignore[return-value]
+
 
 def _leaf_keys(spec: Composite) -> list[NestedKey]:
     return [k for k in spec.keys(include_nested=True, leaves_only=True)]

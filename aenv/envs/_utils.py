@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict.nn import InteractionType as ExplorationType
 from tensordict.nn import interaction_type as _interaction_type
 from tensordict.nn import set_interaction_type as set_exploration_type
@@ -63,6 +65,25 @@ class RandomPolicy:
         return td
 
 
+@functools.cache
+def public_methods(cls: type) -> frozenset[str]:
+    """The names of ``cls``'s public methods (functions, static and class methods)."""
+    kinds = (staticmethod, classmethod, functools.partialmethod)
+    found = ((n, inspect.getattr_static(cls, n)) for n in dir(cls) if not n.startswith("_"))
+    # plain functions, not every method descriptor: spec-derived values are descriptors too
+    return frozenset(n for n, a in found if inspect.isfunction(a) or isinstance(a, kinds))
+
+
+def _env_methods(env: Any) -> frozenset[str]:
+    """The public methods of ``env`` and of the envs it wraps (a transformed env reaches its
+    base env's methods through attribute reads)."""
+    methods: frozenset[str] = frozenset()
+    while env is not None:
+        methods |= public_methods(type(env))  # type: ignore[arg-type]
+        env = env.__dict__.get("base_env")
+    return methods
+
+
 class EnvMetaData:
     """What other processes need to know of an env without building it.
 
@@ -80,6 +101,7 @@ class EnvMetaData:
         device: torch.device | None,
         batch_locked: bool = True,
         env_str: str = "",
+        methods: frozenset[str] = frozenset(),
     ) -> None:
         self.tensordict = tensordict
         self.specs = specs
@@ -87,6 +109,9 @@ class EnvMetaData:
         self.device = device
         self.batch_locked = batch_locked
         self.env_str = env_str
+        # the env's public method names: a pool tells a method read from an attribute
+        # read without asking the env (sync facades fan a method read out as calls)
+        self.methods = methods
 
     @classmethod
     def metadata_from_env(cls, env: EnvBase) -> EnvMetaData:
@@ -97,6 +122,7 @@ class EnvMetaData:
             device=env.device,
             batch_locked=env.batch_locked,
             env_str=repr(env),
+            methods=_env_methods(env),
         )
 
     def expand(self, *size: int) -> EnvMetaData:
@@ -108,6 +134,7 @@ class EnvMetaData:
             device=self.device,
             batch_locked=self.batch_locked,
             env_str=self.env_str,
+            methods=self.methods,
         )
 
     def to(self, device: torch.device | str) -> EnvMetaData:
@@ -119,6 +146,7 @@ class EnvMetaData:
             device=dev,
             batch_locked=self.batch_locked,
             env_str=self.env_str,
+            methods=self.methods,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -179,7 +207,11 @@ async def acheck_env_specs(
     fake_keys = {unravel(k) for k in fake.keys(True, True)}
     real_keys = {unravel(k) for k in step0.keys(True, True)}
     missing = fake_keys - real_keys
-    extra_keys = {k for k in real_keys - fake_keys if k[-1] not in ("_reset", "_step")}
+    # an env may also output its state under "next" (the state of the next step, as
+    # TorchRL's envs do): allowed, and checked against the state spec below
+    state = env.input_spec["full_state_spec"]
+    next_state = {("next", *unravel(k)) for k in state.keys(True, True)} & real_keys
+    extra_keys = {k for k in real_keys - fake_keys - next_state if k[-1] not in ("_reset", "_step")}
     if missing or extra_keys:
         raise AssertionError(
             "the env's outputs and its specs disagree: keys in the specs but not in the rollout: "
@@ -187,27 +219,60 @@ async def acheck_env_specs(
         )
     problems = []
     for key in fake_keys:
-        a, b = fake.get(key), step0.get(key)
-        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            continue
-        if a.shape != b.shape and not _dynamic_match(env, key, a.shape, b.shape):
-            problems.append(f"{key}: spec shape {tuple(a.shape)}, rollout shape {tuple(b.shape)}")
-        elif check_dtype and a.dtype != b.dtype:
-            problems.append(f"{key}: spec dtype {a.dtype}, rollout dtype {b.dtype}")
+        for a, b in zip(_values(fake, key), _values(step0, key)):
+            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+                continue
+            if a.shape != b.shape and not _dynamic_match(env, key, a.shape, b.shape):
+                problems.append(
+                    f"{key}: spec shape {tuple(a.shape)}, rollout shape {tuple(b.shape)}"
+                )
+            elif check_dtype and a.dtype != b.dtype:
+                problems.append(f"{key}: spec dtype {a.dtype}, rollout dtype {b.dtype}")
     if problems:
         raise AssertionError(
             "the env's outputs and its specs disagree:\n  " + "\n  ".join(problems)
         )
+    for key in sorted(next_state):
+        spec, value = state[key[1:]], step0.get(key)
+        if extra:
+            spec = spec.expand(*extra, *spec.shape)
+        if isinstance(value, torch.Tensor) and not spec.is_in(value):
+            raise AssertionError(f"{key!r} = {value} is outside its state spec {spec!r}")
     for name in ("full_observation_spec", "full_done_spec"):
         spec = env.output_spec[name]
         if extra:
             spec = spec.expand(*extra, *spec.shape)
         for key in spec.keys(True, True):
-            value = step0.get(("next", *unravel(key)))
-            if isinstance(value, torch.Tensor) and not spec[key].is_in(value):
-                raise AssertionError(
-                    f"('next', {key!r}) = {value} is outside its spec {spec[key]!r}"
-                )
+            # a heterogeneous level (elements of different shapes) is checked as a whole
+            key, value = _readable(step0, ("next", *unravel(key)))
+            if isinstance(value, TensorDictBase | torch.Tensor) and not spec[key[1:]].is_in(value):
+                raise AssertionError(f"{key!r} = {value} is outside its spec {spec[key[1:]]!r}")
+
+
+def _values(td: TensorDictBase, key: tuple[str, ...]) -> list[Any]:
+    """The values of ``key`` in ``td``: one, or one per element of a lazy stack whose
+    elements differ in shape (read element by element, through nested stacks)."""
+    if isinstance(td, LazyStackedTensorDict):
+        try:
+            return [td.get(key)]
+        except RuntimeError:
+            return [v for sub in td.tensordicts for v in _values(sub, key)]
+    for i in range(1, len(key)):
+        sub = td.get(key[:i], None)
+        if isinstance(sub, LazyStackedTensorDict):
+            return _values(sub, key[i:])
+    return [td.get(key)]
+
+
+def _readable(td: TensorDictBase, key: tuple[str, ...]) -> tuple[tuple[str, ...], Any]:
+    """``key`` and its value, or the deepest level above it that reads as one value."""
+    while True:
+        try:
+            return key, td.get(key)
+        except RuntimeError:  # a lazy stack of entries of different shapes
+            if len(key) <= 2:
+                raise
+            key = key[:-1]
 
 
 def _dynamic_match(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from aenv._mdp import mask_merge, time_named, unravel
 from aenv.envs._common import EnvBase
@@ -25,6 +25,9 @@ from aenv.specs import StackedComposite
 __all__ = ["AsyncEnvPool", "CoroutineAsyncEnvPool", "ThreadingAsyncEnvPool"]
 
 EnvFns = Sequence[Callable[..., EnvBase]] | tuple[int, Callable[..., EnvBase]]
+
+#: backends whose sub-envs live in this process: attribute reads cost no I/O
+_IN_PROCESS = frozenset(("coroutine", "thread"))
 
 
 def _normalize_fns(
@@ -363,7 +366,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         next_input = self._step_mdp(tensordict)
         resets = [(i, o[1]) for i, o in enumerate(outcomes) if o[1] is not None]
         if resets:
-            self._write_resets(next_input, resets)
+            next_input = self._write_resets(next_input, resets)
         return next_input
 
     def _draw_actions(self) -> dict[str, torch.Tensor]:
@@ -548,11 +551,25 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 target[rows] = value[rows].to(target.device)
                 td.set(key, target)
 
-    def _write_resets(self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]) -> None:
-        if self._lazy:
+    def _write_resets(
+        self, td: TensorDictBase, resets: list[tuple[int, TensorDictBase]]
+    ) -> TensorDictBase:
+        """Write the resets' rows into ``td``; returns it (a lazy stack of its rows when a
+        reset's shapes differ from the row it replaces: dynamic specs)."""
+        if not self._lazy and not isinstance(td, LazyStackedTensorDict):
+            rows = td.batch_size[1:]
+            if any(
+                isinstance(current := td.get(key, None), torch.Tensor)
+                and current.shape[1:] != value.shape
+                for _, reset in resets
+                for key, value in reset.items(True, True)
+                if isinstance(value, torch.Tensor) and value.shape[: len(rows)] == rows
+            ):
+                td = LazyStackedTensorDict(*td.unbind(0), stack_dim=0)
+        if self._lazy or isinstance(td, LazyStackedTensorDict):  # (dynamic shapes stack lazily)
             for i, reset in resets:
                 td.tensordicts[i].update(reset.exclude("next", "env_index"))  # type: ignore[attr-defined]
-            return
+            return td
         written: dict[Any, torch.Tensor] = {}
         for i, reset in resets:
             for key in reset.keys(True, True):
@@ -567,6 +584,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                     target = written[key] = current.clone()
                     td.set(key, target)
                 target[i] = value
+        return td
 
     # ------------------------------------------------------------------ seeding, calls
     async def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
@@ -600,24 +618,76 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         self._raise_failures(f"getattr {name!r}", indices, outcomes)
         return outcomes
 
+    def sub_env_has_method(self, name: str) -> bool:
+        """Whether the sub-envs' classes define a public method ``name`` (known from
+        their metadata, without asking the envs)."""
+        metas = self.__dict__.get("_metas") or ()
+        return any(name in m.methods for m in metas)
+
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names the pool itself lacks: fan out to the sub-envs.
+        # Only reached for names the pool itself lacks: the sub-envs' attribute, one value
+        # per env, read where it costs no I/O. Sub-envs in this process (coroutine and
+        # thread backends) are read in place (a thread backend's env in its thread when
+        # idle, never waiting on its work). Sub-envs elsewhere (worker processes) would
+        # cost a blocking round trip per env on the event loop, for every typo or hasattr:
+        # the awaited forms do that, all envs at once (and the sync facades fan ``env.name``
+        # out through them).
         backend = self.__dict__.get("_backend")
         if name.startswith("_") or backend is None or "_metas" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return [backend.getattr_sync(i, name) for i in range(self.num_envs)]
+        if self.backend in _IN_PROCESS:
+            return [backend.getattr_sync(i, name) for i in range(self.num_envs)]
+        if self.sub_env_has_method(name):
+            hint = f"call it on every sub-env with `await pool.call({name!r}, ...)`"
+        else:
+            hint = f"read the sub-envs' attribute with `await pool.get_attr({name!r})`"
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}; its sub-envs live in "
+            f"other processes: {hint} (or use a sync facade: ParallelEnv / SyncEnv fan "
+            "`env.name` out)"
+        )
 
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
         """Random actions; for a streamed subset (an ``"env_index"`` entry), those envs' own."""
-        if tensordict is None or tensordict.batch_size == self.batch_size:
+        if tensordict is None and self._lazy:
+            # heterogeneous actions need a lazy stack to live in (one element per env)
+            tensordict = LazyStackedTensorDict(
+                *(TensorDict(batch_size=self._sub_batch, device=self.device) for _ in self._all),
+                stack_dim=0,
+            )
+        if tensordict is None:
             return super().rand_action(tensordict)
         raw = tensordict.get("env_index", None)
         if raw is None:
-            return super().rand_action(tensordict)
-        if tensordict.batch_size == self._sub_batch:
+            if not (
+                self._lazy
+                and isinstance(tensordict, LazyStackedTensorDict)
+                and tensordict.stack_dim == 0
+                and tensordict.batch_size == self.batch_size
+            ):
+                return super().rand_action(tensordict)
+            rows = self._all
+        elif tensordict.batch_size == self._sub_batch:
             index: Any = int(torch.as_tensor(raw).reshape(-1)[0])
+            rows = [index]
         else:
             index = torch.as_tensor(raw).reshape(tensordict.batch_size[0], -1)[:, 0]
+            rows = index.tolist()
+            if rows == self._all and not self._lazy:  # the whole batch, in order
+                return super().rand_action(tensordict)
+        if self._lazy and (
+            tensordict.batch_size == self._sub_batch
+            or (isinstance(tensordict, LazyStackedTensorDict) and tensordict.stack_dim == 0)
+        ):
+            # each env's own action spec (they may differ, in dtype too: one stacked draw
+            # would promote them to one dtype), element by element
+            specs = self.full_action_spec.unbind(0)
+            if tensordict.batch_size == self._sub_batch:
+                tensordict.update(specs[index].rand())
+            else:
+                for sub, i in zip(tensordict.tensordicts, rows):  # type: ignore[attr-defined]
+                    sub.update(specs[i].rand())
+            return tensordict
         tensordict.update(self.full_action_spec.rand()[index])
         return tensordict
 

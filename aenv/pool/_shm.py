@@ -268,6 +268,8 @@ class Slot:
 
 
 def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    if not dsts:  # a slot with no tensors (an env without observation, action or reward)
+        return
     if _FOREACH_COPY is not None:
         _FOREACH_COPY(dsts, srcs)
     else:  # pragma: no cover - older torch

@@ -35,8 +35,7 @@ def split_inputs(
         value = td.get(key, None)
         if value is None:
             continue
-        if type(value) is not torch.Tensor:
-            # non-tensor data: rows of the whole selection (every key, found or not yet)
+        if type(value) is not torch.Tensor:  # non-tensor data: every key, env by env
             return [td[i].select(*keys, strict=False) for i in indices]
         cols.append((key, value))
     device = td.device
@@ -103,8 +102,15 @@ def stack_results(tds: Sequence[TensorDictBase], lazy: bool) -> TensorDictBase:
             return out
         return torch.stack(list(tds), dim=0)  # type: ignore[arg-type,return-value]
     except RuntimeError:
-        # Entries some envs lack (a restarted env's "truncated", say): fill them with zeros.
-        return torch.stack(_fill_missing(tds), dim=0)  # type: ignore[arg-type,return-value]
+        pass
+    # Entries some envs lack (a restarted env's "truncated", say): fill them with zeros.
+    filled = _fill_missing(tds)
+    try:
+        return torch.stack(filled, dim=0)  # type: ignore[arg-type,return-value]
+    except RuntimeError:
+        # shapes that differ from env to env (dynamic specs: an observation that grows) fit
+        # no dense stack: a lazy one holds them, as TorchRL's batched envs without buffers
+        return LazyStackedTensorDict.lazy_stack(list(tds), dim=0)
 
 
 def _fill_missing(tds: Sequence[TensorDictBase]) -> list[TensorDictBase]:

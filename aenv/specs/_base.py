@@ -317,7 +317,7 @@ class TensorSpec:
         if -1 in lead:
             raise SpecError(f"cannot expand to {tuple(new)}: new leading dims must be known")
         if not lead:
-            return self
+            return self.clone()  # a new spec, as for any other shape: edits stay its own
         full = lead + self.shape
         return self._copy_with(full, lambda t: t.expand(*lead, *t.shape))
 

@@ -67,7 +67,7 @@ class _CompositeShapeMixin:
             )
         lead = new[: len(new) - nd]
         if not lead:
-            return self
+            return self.clone()  # a new spec, as for any other shape: edits stay its own
         return self._map(new, lambda s: s.expand(*lead, *s.shape))
 
     def squeeze(self, dim: int | None = None) -> Any:

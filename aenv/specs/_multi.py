@@ -6,6 +6,7 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from aenv.exceptions import SpecError
@@ -134,6 +135,17 @@ class MultiCategorical(_MaskMixin, TensorSpec):
         k = len(self._nlist)
         return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
 
+    def to_one_hot(self, val: torch.Tensor) -> torch.Tensor:
+        """The one-hot (bool) encoding of each column, concatenated on the last dim."""
+        v = val.long()
+        parts = [torch.nn.functional.one_hot(v[..., i], n) for i, n in enumerate(self._nlist)]
+        return torch.cat(parts, -1).bool()
+
+    def to_one_hot_spec(self) -> MultiOneHot:
+        """The equivalent :class:`MultiOneHot` spec (a mask does not carry over)."""
+        shape = self.shape[:-1] + (sum(self._nlist),)
+        return MultiOneHot(self._nlist, shape, device=self.device)
+
     def _repr_extra(self) -> str:
         return f"nvec={self._nlist}" + (", masked" if self.mask is not None else "")
 
@@ -227,6 +239,28 @@ class MultiOneHot(TensorSpec):
         batch = concrete_shape(self.shape[:-1])
         k = self.shape[-1]
         return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
+
+    def encode(self, val: Any, *, ignore_device: bool = False) -> Any:
+        """Turns a value into a tensor of this spec; category indices (one per segment, on
+        the last dim) are one-hot encoded."""
+        k, total = len(self._nlist), self.shape[-1]
+        if k != total:
+            out = val if isinstance(val, torch.Tensor) else torch.as_tensor(np.asarray(val))
+            if out.ndim and out.shape[-1] == k and out.shape[:-1] == self.shape[:-1]:
+                if out.is_floating_point() and not bool((out == out.round()).all()):
+                    raise SpecError(
+                        f"cannot encode {out.tolist()} into {self.describe()}: category "
+                        "indices must be whole numbers"
+                    )
+                idx = out.long()
+                if bool((idx < 0).any()) or bool((idx >= self.nvec.to(idx.device)).any()):
+                    raise SpecError(
+                        f"cannot encode {idx.tolist()} into {self.describe()}: category "
+                        f"indices must be in [0, nvec) with nvec={self._nlist}"
+                    )
+                one_hot = MultiCategorical(self._nlist).to_one_hot(idx)
+                return one_hot.to(device=self.device or idx.device, dtype=self.dtype)
+        return super().encode(val, ignore_device=ignore_device)
 
     def to_categorical(self, val: torch.Tensor) -> torch.Tensor:
         """The category index of each segment, stacked on the last dim."""

@@ -147,7 +147,7 @@ class _LazyStackMixin:
             )
         lead = new[: len(new) - nd]
         if not lead:
-            return self
+            return self.clone()  # a new spec, as for any other shape: edits stay its own
         specs = [s.expand(*lead, *s.shape) for s in self._stack]
         return self._cls(*specs, dim=self.stack_dim + len(lead))
 

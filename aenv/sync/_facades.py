@@ -14,6 +14,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
+from aenv.exceptions import PoolError
 from aenv.sync._runner import Runner, get_runner
 
 __all__ = ["SerialEnv", "SyncEnv", "rollout"]
@@ -82,6 +83,10 @@ class SyncEnv:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        pool = _pool_under(self.env)
+        if pool is not None and not name.startswith("_") and not _own(self.env, name):
+            # a sub-env attribute or method: one hop for all sub-envs, calls where they live
+            return self._fan_out(pool, name)
         value = getattr(self.env, name)
         if inspect.iscoroutinefunction(value):
 
@@ -91,6 +96,27 @@ class SyncEnv:
 
             return sync_method
         return value
+
+    def _fan_out(self, pool: Any, name: str) -> Any:
+        """``env.name`` on a batched env: a method of the sub-envs comes back as a callable
+        that calls it in every sub-env (where each lives) and returns one result per env;
+        an attribute is read from every sub-env. Either is one runner hop for all envs."""
+        if pool.sub_env_has_method(name):
+
+            def fanned_out(*args: Any, **kwargs: Any) -> list[Any]:
+                return self._run(pool.call, name, *args, **kwargs)  # type: ignore[no-any-return]
+
+            fanned_out.__name__ = fanned_out.__qualname__ = name
+            return fanned_out
+        try:
+            return self._run(pool.get_attr, name)
+        except PoolError as exc:
+            if all(_is_attribute_error(e) for e in exc.errors.values()):
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {name!r}, and "
+                    f"sub-env(s) {sorted(exc.errors)} have none either"
+                ) from exc
+            raise
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.env, name, value)
@@ -151,7 +177,8 @@ class SerialEnv(SyncEnv):
 
     A sync facade over a coroutine :class:`~aenv.pool.AsyncEnvPool`: batch size
     ``(num_workers, *sub_batch)``, partial resets through ``"_reset"``, attribute reads
-    fanned out to the sub-envs (``a, b, c, d = env.g``).
+    fanned out to the sub-envs (``a, b, c, d = env.g``) and method calls too (``env.m(x)``
+    calls ``m`` in every sub-env and returns one result per env), each in one hop.
 
     Args:
         num_workers: number of sub-envs.
@@ -189,6 +216,39 @@ class SerialEnv(SyncEnv):
     @property
     def num_workers(self) -> int:
         return self.env.num_envs  # type: ignore[attr-defined,no-any-return]
+
+
+def _pool_under(env: Any) -> Any:
+    """The pool an env is, or wraps (through transformed envs); None if none."""
+    from aenv.pool import AsyncEnvPool
+
+    while env is not None:
+        if isinstance(env, AsyncEnvPool):
+            return env
+        env = env.__dict__.get("base_env")
+    return None
+
+
+def _own(env: Any, name: str) -> bool:
+    """Whether ``name`` is an attribute of ``env`` or of the envs it wraps down to the pool
+    (found statically: no fan-out to sub-envs behind it)."""
+    while env is not None:
+        try:
+            inspect.getattr_static(env, name)
+        except AttributeError:
+            env = env.__dict__.get("base_env")
+        else:
+            return True
+    return False
+
+
+def _is_attribute_error(exc: BaseException) -> bool:
+    """True for an AttributeError, also when a backend wrapped it (its cause)."""
+    while exc is not None:
+        if isinstance(exc, AttributeError):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
 
 
 def env_factories(

@@ -17,7 +17,8 @@ class ParallelEnv(SyncEnv):
 
     A sync facade over a process :class:`~aenv.pool.AsyncEnvPool`: batch size
     ``(num_workers, *sub_batch)``, partial resets through ``"_reset"``, attribute reads
-    fanned out to the sub-envs (``a, b, c, d = env.g``), ``rollout``, context manager,
+    fanned out to the sub-envs (``a, b, c, d = env.g``), method calls run in the workers
+    (``env.m(x)``: one result per sub-env), ``rollout``, context manager,
     ``close()``. As in the seeds, ``num_workers`` counts sub-envs; how many processes host
     them is ``num_processes`` (default: one per CPU core, at most one per env) or
     ``envs_per_worker``. Workers are forked from a server process that imported torch,

@@ -93,7 +93,7 @@ class FrameSkipTransform(Transform):
                 break
             nxt_in = step_mdp(
                 current,
-                next_tensordict,
+                _next=next_tensordict,
                 exclude_action=False,
                 reward_keys=parent.reward_keys,
                 done_keys=done_keys,

@@ -306,7 +306,8 @@ async def test_batch_locked_wrong_batch_size():
     [
         (None, "missing"),
         (torch.zeros(2, dtype=torch.int64), "shape"),
-        (torch.zeros(1, dtype=torch.float32), "dtype"),
+        # a float the int64 spec cannot hold exactly (a whole float is cast)
+        (torch.full((1,), 0.5), "does not fit dtype torch.int64"),
     ],
 )
 async def test_bad_actions_raise_before_step(action, match):

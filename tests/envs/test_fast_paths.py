@@ -273,7 +273,7 @@ async def test_random_rollout_skips_no_check_a_policy_needs():
     env = CountingEnv()
 
     def bad_policy(td):
-        td["action"] = torch.zeros(1, dtype=torch.float32)  # the spec says int64
+        td["action"] = torch.full((1,), 0.5)  # the spec says int64: 0.5 is not cast
         return td
 
     with pytest.raises(Exception, match="dtype"):

@@ -431,7 +431,8 @@ async def test_bad_policy_outputs_raise_as_the_generic_loop_does(bad):
         if calls[0] == 30:  # a bad output at the 30th step
             if bad == "not a tensordict":
                 return action
-            action = action.float() if bad == "dtype" else action[:1]
+            # (a float the action dtype cannot hold: whole floats are cast)
+            action = action.float() / 2 if bad == "dtype" else action[:1]
         td.set("action", action)
         return td
 

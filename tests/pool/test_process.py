@@ -75,7 +75,7 @@ async def test_class_workers_and_lambda_factories(counting):
         [lambda: CountingEnv(max_steps=7)] * 2, envs_per_worker=2, **FORKSERVER
     ) as pool:
         assert len(pool.worker_pids) == 1
-        assert pool.max_steps == [7, 7]
+        assert await pool.get_attr("max_steps") == [7, 7]
 
 
 @module_loop
@@ -117,7 +117,7 @@ async def test_whole_batch_and_partial_reset(counting):
     td["_reset"] = torch.tensor([[True], [False], [True], [False]])
     out = await counting.reset(td)
     assert out["observation"].squeeze(-1).tolist() == [0, 2, 0, 2]
-    assert [c.item() for c in counting.count] == [0, 2, 0, 2]
+    assert [c.item() for c in await counting.get_attr("count")] == [0, 2, 0, 2]
     assert await counting.call("_set_seed", 3) == [None] * 4
 
 

@@ -114,13 +114,13 @@ async def test_partial_step_and_reset_masks():
         td["_step"] = torch.tensor([True, True, False, False, False, False])
         out = await pool.step(pool.rand_action(td))
         assert out["next", "observation"].squeeze(-1).tolist() == [2, 1, 1, 1, 0, 1]
-        assert [int(c) for c in pool.count] == [2, 1, 1, 1, 0, 1]
+        assert [int(c) for c in await pool.get_attr("count")] == [2, 1, 1, 1, 0, 1]
         # a partial reset across both workers; the others keep their state
         td = pool.step_mdp(out)
         td["_reset"] = torch.tensor([[False], [True], [False], [True], [True], [False]])
         reset = await pool.reset(td)
         assert reset["observation"].squeeze(-1).tolist() == [2, 0, 1, 0, 0, 1]
-        assert [int(c) for c in pool.count] == [2, 0, 1, 0, 0, 1]
+        assert [int(c) for c in await pool.get_attr("count")] == [2, 0, 1, 0, 0, 1]
         # a whole batch after the partial ones
         out = await pool.rand_step(reset)
         assert out["next", "observation"].squeeze(-1).tolist() == [3, 1, 2, 1, 1, 2]

@@ -34,7 +34,8 @@ class TestLeafShapeOps:
         assert big.is_in(big.rand())
         assert big[1] == spec
         assert spec.expand((2, 4, 3)) == big
-        assert spec.expand(spec.shape) is spec
+        same = spec.expand(spec.shape)  # a copy, as in TorchRL: editing it leaves spec alone
+        assert same == spec and same is not spec
         with pytest.raises(ValueError, match="end with"):
             spec.expand(2, 5, 3)
 

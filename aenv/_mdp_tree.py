@@ -1,0 +1,205 @@
+"""TensorDict plumbing under the MDP logic of :mod:`aenv._mdp`: key trees, carrying root
+entries into the next step's input, merging non-tensor entries, and the fast paths of
+``step_mdp`` and stacking over plain TensorDicts. No I/O, no env knowledge."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorStack,
+    TensorDict,
+    TensorDictBase,
+    is_non_tensor,
+)
+
+NestedKey = str | tuple[str, ...]
+
+__all__ = [
+    "ExclusionTree",
+    "carry",
+    "exclusion_tree",
+    "fast_stack",
+    "fast_step_mdp",
+    "merge_non_tensor",
+]
+
+
+def _unravel(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def merge_non_tensor(
+    new: TensorDictBase, old: TensorDictBase, key: NestedKey, value: Any, mask: torch.Tensor
+) -> None:
+    """:func:`mask_merge` for a non-tensor entry: element by element over the batch dims
+    (strings of the elements the mask leaves out come from ``old``)."""
+    prev = old.get(key, None)
+    bs = new.batch_size
+    n = math.prod(bs)
+    if prev is None or not is_non_tensor(prev) or not bs or mask.numel() % n:
+        return
+    flags = mask.reshape(n, -1).any(-1).tolist()
+    current, before = _flatten(value.tolist(), len(bs)), _flatten(prev.tolist(), len(bs))
+    if len(current) != n or len(before) != n:
+        return
+    merged = [c if f else b for c, f, b in zip(current, flags, before)]
+    for size in reversed(bs[1:]):
+        merged = [merged[i : i + size] for i in range(0, len(merged), size)]
+    new.set(key, NonTensorStack.from_list(merged))
+
+
+def _flatten(values: Any, ndim: int) -> list[Any]:
+    for _ in range(ndim - 1):
+        values = [v for row in values for v in row]
+    return list(values)
+
+
+ExclusionTree = dict[str, Any]
+
+
+def exclusion_tree(keys: Iterable[NestedKey]) -> ExclusionTree:
+    """A nested dict of keys to skip: ``{"next": True, "agents": {"action": True}}``."""
+    tree: ExclusionTree = {}
+    for key in keys:
+        node = tree
+        parts = _unravel(key)
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is True:
+                break
+            if child is None:
+                child = node[part] = {}
+            node = child
+        else:
+            node[parts[-1]] = True
+    return tree
+
+
+def carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> None:
+    """Copy ``src`` entries missing from ``dst`` into it, skipping ``tree``'s keys."""
+    if (
+        isinstance(src, LazyStackedTensorDict)
+        and isinstance(dst, LazyStackedTensorDict)
+        and src.stack_dim == dst.stack_dim
+        and len(src.tensordicts) == len(dst.tensordicts)
+    ):
+        # element by element: the elements' entries may differ (heterogeneous agents)
+        for sub_src, sub_dst in zip(src.tensordicts, dst.tensordicts):
+            carry(sub_src, sub_dst, tree)
+        return
+    for key, value in src.items():
+        sub = tree.get(key)
+        if sub is True or key == "_reset" or key == "_step":
+            continue
+        existing = dst.get(key, None)
+        if existing is value:
+            continue
+        if isinstance(value, TensorDictBase):
+            if existing is None:
+                if sub is None:
+                    dst.set(key, value.copy())
+                else:
+                    new = value.empty()
+                    carry(value, new, sub)
+                    if not new.is_empty():
+                        dst.set(key, new)
+            elif isinstance(existing, TensorDictBase):
+                carry(value, existing, sub or {})
+        elif existing is None:
+            dst.set(key, value)
+
+
+def fast_step_mdp(
+    tensordict: TensorDictBase,
+    next_tensordict: TensorDictBase,
+    drop_next: frozenset[str],
+    drop_root: frozenset[str],
+) -> TensorDictBase | None:
+    """:func:`step_mdp` (default flags) over plain TensorDicts whose excluded keys are all
+    root-level strings; None when it does not apply (the caller then runs ``step_mdp``).
+
+    ``drop_next`` holds the reward keys; ``drop_root`` the keys the root does not carry over
+    (``"next"``, ``"_reset"``, ``"_step"``, rewards, done flags and actions). The result is
+    the same as ``step_mdp``'s: tensors are shared, nested containers are new (shallow)
+    copies, so editing the result never edits the stepped data.
+    """
+    if type(tensordict) is not TensorDict or type(next_tensordict) is not TensorDict:
+        return None
+    root = tensordict._tensordict
+    out: dict[str, Any] = {}
+    for key, value in next_tensordict._tensordict.items():
+        if key in drop_next:
+            continue
+        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
+            prev = root.get(key)
+            value = value.clone(False)
+            if prev is not None and prev is not next_tensordict._tensordict[key]:
+                if not isinstance(prev, TensorDictBase):
+                    return None
+                carry(prev, value, {})
+        out[key] = value
+    for key, value in root.items():
+        if key in drop_root or key in out:
+            continue
+        if type(value) is not torch.Tensor and isinstance(value, TensorDictBase):
+            value = value.copy()
+        out[key] = value
+    return TensorDict._new_unsafe(
+        out,  # type: ignore[arg-type]
+        batch_size=next_tensordict.batch_size,
+        device=next_tensordict.device,
+        nested=False,
+    )
+
+
+def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None:
+    """``torch.stack(tds, dim)`` for plain TensorDicts of one structure, built leaf by leaf.
+
+    Returns None when it does not apply (another kind of tensordict, differing keys or
+    devices, named dims, non-tensor leaves): the caller then uses ``torch.stack``. Raises
+    ``RuntimeError`` as ``torch.stack`` does when leaves' shapes differ.
+    """
+    first = tds[0]
+    if type(first) is not TensorDict or first._has_names():
+        return None
+    entries = first._tensordict
+    width = len(entries)
+    device = first.device
+    batch = first.batch_size
+    dicts = []
+    for td in tds:
+        if (
+            type(td) is not TensorDict
+            or len(td._tensordict) != width
+            or td.device != device
+            or td.batch_size != batch
+        ):
+            return None
+        dicts.append(td._tensordict)
+    out: dict[str, Any] = {}
+    try:
+        for key, value in entries.items():
+            if type(value) is torch.Tensor:
+                out[key] = torch.stack([d[key] for d in dicts], dim)
+            elif type(value) is TensorDict:
+                sub = fast_stack([d[key] for d in dicts], dim)
+                if sub is None:
+                    return None
+                out[key] = sub
+            else:
+                return None
+    except (KeyError, TypeError):
+        return None
+    size = list(batch)
+    size.insert(dim, len(tds))
+    return TensorDict._new_unsafe(
+        out,  # type: ignore[arg-type]
+        batch_size=torch.Size(size),
+        device=device,
+        nested=False,
+    )
