@@ -143,7 +143,54 @@ class StepCounter(Transform):
         return f"max_steps={self.max_steps}, step_count_key={self.step_count_key!r}"
 
 
-class RewardSum(Transform):
+class PerRewardState(Transform):
+    """Base of transforms keeping one value per reward key as env state (a running sum, a
+    return still to go): each out key is declared as an observation shaped like its reward
+    and carried in the step input as state (pools forward state entries to sub-envs), and a
+    reset sets it, on the reset elements only, to :meth:`_reset_value`."""
+
+    _specs: dict[NestedKey, TensorSpec]
+    _env_ndim: int
+
+    def _declare_per_reward(self, output_spec: Composite) -> Composite:
+        rewards = output_spec["full_reward_spec"]
+        obs = output_spec["full_observation_spec"]
+        self._env_ndim = len(output_spec.shape)
+        self._specs = {}
+        for in_key, out_key in zip(self.in_keys, self.out_keys):
+            if in_key not in rewards.keys(True, True):
+                raise KeyError(f"{type(self).__name__}: {in_key!r} is not a reward key of the env")
+            leaf = rewards[in_key]
+            spec = Unbounded(shape=leaf.shape, dtype=leaf.dtype, device=leaf.device)
+            obs[out_key] = spec
+            self._specs[out_key] = spec
+        return output_spec
+
+    def transform_input_spec(self, input_spec: Composite) -> Composite:
+        state = input_spec["full_state_spec"]
+        for key, spec in self._specs.items():
+            state[key] = spec.clone()
+        return input_spec
+
+    def _reset_value(self, zero: torch.Tensor) -> torch.Tensor:
+        """The value an episode starts with, given the spec's zero of the right shape."""
+        return zero
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        extra = _extra(tensordict_reset, self._env_ndim)
+        for key, spec in self._specs.items():
+            value = self._reset_value(spec.zero(extra))
+            prev = tensordict.get(key, None)
+            mask = reset_mask(tensordict, unravel(key)[:-1], value)
+            if mask is not None and isinstance(prev, torch.Tensor) and prev.shape == value.shape:
+                value = torch.where(mask, value, prev)
+            tensordict_reset.set(key, value)
+        return tensordict_reset
+
+
+class RewardSum(PerRewardState):
     """Tracks the cumulative reward of the current episode.
 
     For each reward key (default: all of the env's), writes ``episode_<name>`` next to it (an
@@ -175,8 +222,6 @@ class RewardSum(Transform):
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         reward_spec = output_spec["full_reward_spec"]
-        obs_spec = output_spec["full_observation_spec"]
-        self._env_ndim = len(output_spec.shape)
         if self._auto_in:
             self.in_keys = list(reward_spec.keys(True, True))
         if self._auto_out:
@@ -188,35 +233,7 @@ class RewardSum(Transform):
             ]
         if len(self.out_keys) != len(self.in_keys):
             raise ValueError("RewardSum: in_keys and out_keys must have the same length")
-        self._specs = {}
-        for in_key, out_key in zip(self.in_keys, self.out_keys):
-            if in_key not in reward_spec.keys(True, True):
-                raise KeyError(f"RewardSum: {in_key!r} is not a reward key of the env")
-            leaf = reward_spec[in_key]
-            spec = Unbounded(shape=leaf.shape, dtype=leaf.dtype, device=leaf.device)
-            obs_spec[out_key] = spec
-            self._specs[out_key] = spec
-        return output_spec
-
-    def transform_input_spec(self, input_spec: Composite) -> Composite:
-        # the running sums travel in the input (pools forward state entries to sub-envs)
-        state = input_spec["full_state_spec"]
-        for key, spec in self._specs.items():
-            state[key] = spec.clone()
-        return input_spec
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        extra = _extra(tensordict_reset, self._env_ndim)
-        for out_key in self.out_keys:
-            zero = self._specs[out_key].zero(extra)
-            prev = tensordict.get(out_key, None)
-            mask = reset_mask(tensordict, unravel(out_key)[:-1], zero)
-            if mask is not None and isinstance(prev, torch.Tensor) and prev.shape == zero.shape:
-                zero = torch.where(mask, zero, prev)
-            tensordict_reset.set(out_key, zero)
-        return tensordict_reset
+        return self._declare_per_reward(output_spec)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         for in_key, out_key in zip(self.in_keys, self.out_keys):

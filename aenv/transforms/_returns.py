@@ -9,14 +9,15 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from aenv._mdp import NestedKey, unravel
+from aenv._mdp import NestedKey
 from aenv.specs import Composite, TensorSpec, Unbounded
-from aenv.transforms._base import Transform, reset_mask
+from aenv.transforms._base import Transform
+from aenv.transforms._counters import PerRewardState
 
 __all__ = ["KLRewardTransform", "TargetReturn"]
 
 
-class TargetReturn(Transform):
+class TargetReturn(PerRewardState):
     """A return-to-go target for return-conditioned policies (Decision Transformer).
 
     On reset ``out_key`` is set to ``target_return``; after each step it becomes the
@@ -55,37 +56,10 @@ class TargetReturn(Transform):
         self._env_ndim = 0
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
-        rewards = output_spec["full_reward_spec"]
-        obs = output_spec["full_observation_spec"]
-        self._env_ndim = len(output_spec.shape)
-        self._specs = {}
-        for in_key, out_key in zip(self.in_keys, self.out_keys):
-            if in_key not in rewards.keys(True, True):
-                raise KeyError(f"TargetReturn: {in_key!r} is not a reward key of the env")
-            leaf = rewards[in_key]
-            spec = Unbounded(shape=leaf.shape, dtype=leaf.dtype, device=leaf.device)
-            obs[out_key] = spec
-            self._specs[out_key] = spec
-        return output_spec
+        return self._declare_per_reward(output_spec)
 
-    def transform_input_spec(self, input_spec: Composite) -> Composite:
-        state = input_spec["full_state_spec"]
-        for key, spec in self._specs.items():
-            state[key] = spec.clone()
-        return input_spec
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        extra = tensordict_reset.batch_size[: tensordict_reset.batch_dims - self._env_ndim]
-        for key, spec in self._specs.items():
-            value = torch.full_like(spec.zero(extra), self.target_return)
-            prev = tensordict.get(key, None)
-            mask = reset_mask(tensordict, unravel(key)[:-1], value)
-            if mask is not None and isinstance(prev, torch.Tensor) and prev.shape == value.shape:
-                value = torch.where(mask, value, prev)
-            tensordict_reset.set(key, value)
-        return tensordict_reset
+    def _reset_value(self, zero: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(zero, self.target_return)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         for in_key, out_key in zip(self.in_keys, self.out_keys):
