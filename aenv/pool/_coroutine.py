@@ -130,19 +130,29 @@ class CoroutineBackend(Backend):
             rows = self._rows = Rows(self.envs)
         if not (rows.ok and rows.direct):
             return None
-        keys = [
-            k
-            # is_leaf_nontensor: non-tensor entries (a NonTensorStack of prompts) are leaves
-            for k in tensordict.keys(True, True, is_leaf=is_leaf_nontensor)
-            if k != "next" and not (type(k) is tuple and k[0] == "next")
-        ]
-        if not all(type(k) is str for k in keys):
-            return None
-        # each env's whole input row, as a bare env gets it
-        inputs = split_inputs(tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:])
+        staged = rows.stage(tensordict)
+        if staged is not None:
+            inputs = staged
+        else:
+            keys = [
+                k
+                # is_leaf_nontensor: non-tensor entries (a NonTensorStack of prompts) are leaves
+                for k in tensordict.keys(True, True, is_leaf=is_leaf_nontensor)
+                if k != "next" and not (type(k) is tuple and k[0] == "next")
+            ]
+            if not all(type(k) is str for k in keys):
+                return None
+            # each env's whole input row, as a bare env gets it
+            inputs = split_inputs(
+                tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:]
+            )
         if not rows.takes(self.envs, op, inputs):
             return None
-        return rows.run(self.envs, op, inputs)
+        try:
+            return rows.run(self.envs, op, inputs)
+        finally:
+            if staged is not None:
+                rows.restore_inputs()
 
     async def run_batch(
         self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None

@@ -26,16 +26,27 @@ from aenv.specs import Composite, NonTensor
 
 __all__ = ["Rows"]
 
-_STEP_GROUPS = ("full_observation_spec", "full_reward_spec", "full_done_spec")
-_RESET_GROUPS = ("full_observation_spec", "full_done_spec")
+_OUT = "output_spec"
+_STEP_GROUPS = (
+    (_OUT, "full_observation_spec"),
+    (_OUT, "full_reward_spec"),
+    (_OUT, "full_done_spec"),
+)
+_RESET_GROUPS = ((_OUT, "full_observation_spec"), (_OUT, "full_done_spec"))
+#: what a step's input holds: the last observation and done flags, the action, the state
+_INPUT_GROUPS = (
+    *_RESET_GROUPS,
+    ("input_spec", "full_action_spec"),
+    ("input_spec", "full_state_spec"),
+)
 
 
-def _plan(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase | None:
-    """Zeroed buffers for ``n`` envs shaped as ``env``'s specs in ``groups`` (None when a
-    spec cannot be planned: non-tensor data, dynamic shapes)."""
+def _plan(env: EnvBase, groups: tuple[tuple[str, str], ...], n: int) -> TensorDictBase | None:
+    """Zeroed buffers for ``n`` envs shaped as ``env``'s specs ``groups`` (``(parent spec,
+    group)`` names), or None when a spec cannot be planned: non-tensor data, dynamic shapes."""
     parts = []
-    for name in groups:
-        spec = env.output_spec[name]
+    for parent, name in groups:
+        spec = getattr(env, parent)[name]
         if not isinstance(spec, Composite):
             return None
         for key in spec.keys(True, True):
@@ -87,23 +98,65 @@ class Rows:
         self.reset_rows = self.reset.unbind(0)
         self.next_keys = frozenset(self.next.keys(True, True))
         self.reset_keys = frozenset(self.reset.keys(True, True))
+        # the inputs' rows: a whole batch's input is copied in, one copy per entry, and each
+        # env reads its row (no per-env TensorDict made per step)
+        inputs = _plan(envs[0], _INPUT_GROUPS, n)
+        self.inputs: dict[Any, torch.Tensor] = (
+            {} if inputs is None else dict(inputs.items())  # type: ignore[arg-type]
+        )
+        self.input_rows = inputs.unbind(0) if inputs is not None else ()
         # whether every env wrote its last step into its row itself: rows pay off only
         # then (copying a built TensorDict in costs more than the per-env path's stack)
         self.direct = True
+        # the envs (by identity) and op last found to run inline, on the lean path
+        self._inline: tuple[str, tuple[int, ...]] | None = None
+
+    def stage(self, td: TensorDictBase) -> Sequence[TensorDictBase] | None:
+        """Copy a whole batch's input into the input rows and return them (env ``i``'s
+        input is row ``i``), when ``td`` holds exactly the planned entries, shapes and
+        dtypes (an input a bare env would get); None, with nothing written, otherwise."""
+        bufs = self.inputs
+        if not bufs or type(td) is not TensorDict:
+            return None
+        entries = td._tensordict
+        if entries.keys() != bufs.keys():
+            return None
+        for key, value in entries.items():
+            dst = bufs[key]
+            if (
+                type(value) is not torch.Tensor
+                or value.shape != dst.shape
+                or value.dtype != dst.dtype
+            ):
+                return None
+        for key, value in entries.items():
+            bufs[key].copy_(value)
+        return self.input_rows
+
+    def restore_inputs(self) -> None:
+        """Rebuild the input rows an env wrote entries into (its input is its own to
+        change, as a bare env's is; the next step's row must hold the planned entries)."""
+        size = len(self.inputs)
+        if any(len(row._tensordict) != size for row in self.input_rows):  # type: ignore[attr-defined]
+            assert self.next is not None
+            batch = self.next.batch_size
+            stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
+            self.input_rows = stacked.unbind(0)
 
     def takes(self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]) -> bool:
         """Whether every env's ``op`` runs inline on the lean path (EnvBase's step, no
         ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`), and no
         env has handed back a TensorDict instead of writing its row (then the per-env path
         is cheaper, and is taken from then on)."""
-        return (
-            self.ok
-            and self.direct
-            and all(
-                runs_inline(env, op) and lean_inline(env, op, td)
-                for env, td in zip(envs, inputs, strict=True)
-            )
-        )
+        if not (self.ok and self.direct):
+            return False
+        ids = tuple(map(id, envs))
+        if self._inline != (op, ids):
+            # (by class: settled once for these envs, until one is replaced)
+            if not all(runs_inline(env, op) for env in envs):
+                return False
+            self._inline = (op, ids)
+        return all(lean_inline(env, op, td) for env, td in zip(envs, inputs, strict=True))
 
     def run(
         self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]
@@ -114,6 +167,7 @@ class Rows:
         smr = op == "step_and_maybe_reset"
         n = len(envs)
         reset_mask = torch.zeros(n, dtype=torch.bool) if smr else None
+        any_reset = False
         outcomes: list[Any] = [None] * n
         whole = True
         for i, (env, td) in enumerate(zip(envs, inputs, strict=True)):
@@ -140,12 +194,13 @@ class Rows:
                     continue
                 assert reset_mask is not None
                 reset_row = self.reset_rows[i]
-                rst = drive(env._reset_into(td.set("next", stepped_next), reset_row))
+                # (on a copy: the input row is kept for the next step)
+                rst = drive(env._reset_into(td.copy().set("next", stepped_next), reset_row))
                 if rst is not True and not _fill(reset_row, self.reset_keys, rst):
                     whole = False
                     outcomes[i] = (stepped_next, rst)
                     continue
-                reset_mask[i] = True
+                reset_mask[i] = any_reset = True
                 outcomes[i] = (stepped_next, reset_row)
             except Exception as exc:
                 whole = False
@@ -154,8 +209,6 @@ class Rows:
             assert self.next is not None and self.reset is not None
             if not smr:
                 return Stacked(self.next.clone())
-            assert reset_mask is not None
-            any_reset = bool(reset_mask.any())
             return Stacked(
                 self.next.clone(),
                 self.reset.clone() if any_reset else None,

@@ -140,6 +140,11 @@ class SyncEnv:
         """Step with a random action."""
         return self._run(self.env.rand_step, tensordict)  # type: ignore[no-any-return]
 
+    def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Random actions drawn from the action spec (no hop: nothing to await). Defined
+        here rather than found by ``__getattr__``: a training loop calls it every step."""
+        return self.env.rand_action(tensordict)
+
     def rollout(
         self,
         max_steps: int,

@@ -133,3 +133,43 @@ async def test_an_error_in_one_env_keeps_the_others_results():
         assert "env one fails" in str(info.value.errors[1])
         # the others stepped, exactly once
         assert info.value.results[0]["observation"].item() == 1
+
+
+class _Scribbling(GymEnv):
+    """Writes into its step input (a bare env's input is its own to change)."""
+
+    seen: list[list[str]] = []
+
+    async def _step_into(self, tensordict: TensorDictBase, out: Any) -> Any:
+        self.seen.append(sorted(tensordict.keys()))
+        tensordict.set("scribble", torch.ones(()))
+        return await super()._step_into(tensordict, out)
+
+
+async def test_inputs_go_through_the_input_rows_and_stay_planned(monkeypatch):
+    # a whole batch's input is copied into the input rows (one copy per entry), each env
+    # reading its row; an env that writes into its input leaves no entry for the next step
+    from aenv.pool import _rows
+
+    staged = []
+    real_stage = _rows.Rows.stage
+
+    def spy(self: Any, td: Any) -> Any:
+        out = real_stage(self, td)
+        staged.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_rows.Rows, "stage", spy)
+    _Scribbling.seen.clear()
+    async with AsyncEnvPool([partial(_Scribbling, "CartPole-v1")] * 2) as pool:
+        await pool.set_seed(0)
+        td = await pool.reset()
+        for _ in range(3):
+            td = pool.rand_action(td)
+            action = td["action"].clone()
+            stepped, td = await pool.step_and_maybe_reset(td)
+            assert torch.equal(stepped["action"], action)
+    assert staged and all(staged)
+    planned = ["action", "done", "observation", "terminated", "truncated"]
+    # every step's input held the planned entries only: the scribble did not stay
+    assert _Scribbling.seen == [planned] * 6

@@ -16,7 +16,7 @@ import torch
 from aenv.sync import Runner, get_runner, run_sync
 
 
-@pytest.fixture(params=[None, False], ids=["default-loop", "asyncio-loop"])
+@pytest.fixture(params=[None, True], ids=["default-loop", "uvloop"])
 def runner(request: pytest.FixtureRequest) -> Iterator[Runner]:
     r = Runner(use_uvloop=request.param)
     yield r
@@ -83,14 +83,17 @@ def test_exception_traceback_kept_through_background_thread(runner: Runner) -> N
     assert "_outer_raiser" in frames and "_inner_raiser" in frames and "main" in frames
 
 
-def test_uses_uvloop_when_installed() -> None:
+def test_loop_kind_is_chosen_by_use_uvloop() -> None:
+    # asyncio's loop by default (cheaper to start once per call); uvloop on request
     with Runner() as r:
-        if importlib.util.find_spec("uvloop") is not None:
-            import uvloop
+        assert type(r.loop).__module__.startswith("asyncio")
+        assert r.run(_add, 1, 2) == 3
+    if importlib.util.find_spec("uvloop") is not None:
+        import uvloop
 
+        with Runner(use_uvloop=True) as r:
             assert isinstance(r.loop, uvloop.Loop)
-        else:
-            assert type(r.loop).__module__.startswith("asyncio")
+            assert r.run(_add, 2, 2) == 4
     with Runner(use_uvloop=False) as r:
         assert type(r.loop).__module__.startswith("asyncio")
         assert r.run(_add, 1, 1) == 2
