@@ -50,9 +50,12 @@ The contract, in full:
     caller was cancelled. Returns True when it was stopped at once (no outcome will come),
     False when an outcome will still be delivered (the pool then drops it).
 
-``getattr_sync(env_index, name)``
-    Reads an attribute of a sub-env synchronously (in the env's own thread where it has
-    one); used by the pool's attribute fan-out (``pool.some_attr``).
+``getattr_sync(env_index, name)`` (backends whose envs live in this process)
+    Reads an attribute of a sub-env synchronously, with no I/O (in the env's own thread
+    where it has one and is idle); used by the pool's attribute fan-out
+    (``pool.some_attr``). Envs elsewhere are read with the ``"getattr"`` operation, awaited
+    concurrently for all envs (``await pool.get_attr(name)``): a read never blocks the
+    pool's loop on a busy or stuck env.
 
 ``abort()``
     Synchronous, non-blocking shutdown for a pool whose constructor failed after ``start``.
@@ -63,8 +66,9 @@ The contract, in full:
 
 ``async run_batch(op, indices, payloads, step_timeout)`` (optional)
     A fast path for whole-batch calls by backends that can do better than one
-    ``submit`` per env (the coroutine backend awaits cheap sync envs inline). Returns one
-    outcome per index, in order. Backends without one leave ``has_run_batch = False``.
+    ``submit`` per env (the process backend: one command and one reply per worker).
+    Returns one outcome per index, in order. Backends without one leave
+    ``has_run_batch = False``.
 
 ``async run_stacked(op, tensordict, step_timeout)`` (optional, ``has_run_stacked``)
     A faster path still for a whole-batch ``"step"`` or ``"step_and_maybe_reset"`` on
@@ -247,9 +251,10 @@ class Backend(abc.ABC):
         """Best-effort cancel of the operation in flight; True if no outcome will come."""
         return False
 
-    @abc.abstractmethod
     def getattr_sync(self, env_index: int, name: str) -> Any:
-        """Read attribute ``name`` of env ``env_index`` synchronously."""
+        """Read attribute ``name`` of env ``env_index`` synchronously, with no I/O (only
+        backends whose envs live in this process)."""
+        raise NotImplementedError(f"the {self.name!r} backend's envs are read with 'getattr'")
 
     def abort(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Synchronous, best-effort shutdown after :meth:`start` succeeded but the pool's

@@ -23,7 +23,6 @@ from tensordict import TensorDictBase, is_leaf_nontensor
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
-from aenv.exceptions import StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._ops import drive, execute, runs_inline
 from aenv.pool._rows import Rows
@@ -36,7 +35,6 @@ class CoroutineBackend(Backend):
     """Runs sub-envs in the pool's own event loop (see the module docstring)."""
 
     name = "coroutine"
-    has_run_batch = True
     has_run_stacked = True
 
     def __init__(self, deliver: Any, **options: Any) -> None:
@@ -153,75 +151,6 @@ class CoroutineBackend(Backend):
         finally:
             if staged is not None:
                 rows.restore_inputs()
-
-    async def run_batch(
-        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
-    ) -> list[Any]:
-        envs = self.envs
-        outcomes: list[Any] = [None] * len(indices)
-        later: list[int] = []
-        for pos, (i, payload) in enumerate(zip(indices, payloads)):
-            env = envs[i]
-            if runs_inline(env, op, payload):
-                # Awaiting a coroutine that cannot suspend is a plain call: no task.
-                try:
-                    outcomes[pos] = await execute(env, op, payload)
-                except Exception as exc:
-                    outcomes[pos] = Failure(exc)
-            else:
-                later.append(pos)
-        if len(later) == 1 and step_timeout is None:
-            pos = later[0]
-            try:
-                outcomes[pos] = await execute(envs[indices[pos]], op, payloads[pos])
-            except Exception as exc:
-                outcomes[pos] = Failure(exc)
-        elif later:
-            async with anyio.create_task_group() as tg:
-                for pos in later:
-                    tg.start_soon(
-                        self._collect, outcomes, pos, indices[pos], op, payloads[pos], step_timeout
-                    )
-        return outcomes
-
-    async def _collect(
-        self,
-        outcomes: list[Any],
-        pos: int,
-        env_index: int,
-        op: str,
-        payload: Any,
-        step_timeout: float | None,
-    ) -> None:
-        env = self.envs[env_index]
-        try:
-            if step_timeout is None:
-                outcomes[pos] = await execute(env, op, payload)
-                return
-            # a task of the backend's, not awaited in this scope: a blocking env's worker
-            # thread cannot be cancelled, and the deadline must not wait for it
-            task = asyncio.get_running_loop().create_task(execute(env, op, payload))
-            self._tasks[env_index] = task
-            try:
-                await asyncio.wait((task,), timeout=step_timeout)
-            except BaseException:
-                self.cancel(env_index)
-                raise
-            if task.done():
-                self._tasks.pop(env_index, None)
-                outcomes[pos] = task.result()
-            else:
-                self.replace(env_index)
-                outcomes[pos] = Failure(
-                    StepTimeoutError(
-                        f"env {env_index}: {op} did not finish within {step_timeout} s; the env was "
-                        "cancelled and rebuilt",
-                        env_index=env_index,
-                    ),
-                    "",
-                )
-        except Exception as exc:
-            outcomes[pos] = Failure(exc)
 
     # ------------------------------------------------------------------ closing
     async def aclose(self, grace: float = 5.0) -> None:

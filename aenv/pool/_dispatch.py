@@ -242,15 +242,7 @@ class _Dispatcher:
                 and not t.restarting
                 and not t.orphan
             ):
-                # Rebuild the env, reset it, and report the step as truncated.
-                t.restarting = True
-                t.error = err
-                if not isinstance(outcome.exc, StepTimeoutError):
-                    self._backend.replace(i)
-                if self.step_timeout is not None:
-                    loop = asyncio.get_running_loop()
-                    t.timer = loop.call_later(self.step_timeout, self._expire, t)
-                self._backend.submit(i, "reset", (None, {}))
+                self._restart(t, err)
                 return
             if t.restarting and t.error is not None:
                 err.__context__ = t.error
@@ -276,6 +268,42 @@ class _Dispatcher:
             self._wake(t.op, i)
         if self._waiting:
             self._pump()
+
+    def _restart(self, t: _Ticket, err: BaseException) -> None:
+        """Rebuild ``t``'s env (unless a timeout did already), reset it, and report the
+        step as truncated once the reset comes back (see :meth:`_deliver`)."""
+        t.restarting = True
+        t.error = err
+        if not isinstance(err, StepTimeoutError):
+            self._backend.replace(t.index)
+        if self.step_timeout is not None:
+            t.timer = asyncio.get_running_loop().call_later(self.step_timeout, self._expire, t)
+        self._backend.submit(t.index, "reset", (None, {}))
+
+    async def _restart_failed(self, op: str, outcomes: list[Any]) -> None:
+        """Under ``on_error="restart"``, restart the envs whose step failed in a
+        whole-batch call that ran outside tickets (a backend's stacked path), as a ticketed
+        step's failure is restarted: their outcomes become the truncated steps."""
+        failed = [i for i, o in enumerate(outcomes) if isinstance(o, Failure)]
+        if self.on_error != "restart" or op not in _RESTARTABLE or not failed:
+            return
+        batch = _Batch(len(failed), asyncio.get_running_loop().create_future())
+        tickets = []
+        for pos, i in enumerate(failed):
+            t = _Ticket(i, op, None, batch, pos)
+            self._tickets[i] = t
+            t.launched = True
+            self._running += 1
+            tickets.append(t)
+            self._restart(t, outcomes[i].exc)
+        try:
+            if batch.remaining:
+                await batch.future
+        except BaseException:
+            self._abandon_batch(tickets)
+            raise
+        for i, outcome in zip(failed, batch.outcomes):
+            outcomes[i] = outcome
 
     def _observed(self, outcome: Any) -> Any:
         """A step that went well, under ``on_error="observe"``: empty error entries."""
@@ -372,11 +400,13 @@ class _Dispatcher:
         return await self._run_generic(op, indices, payloads)
 
     def _stacked_ok(self) -> bool:
-        """Whether whole-batch steps may take the backend's stacked path."""
+        """Whether whole-batch steps may take the backend's stacked path: not when envs
+        must wait for a slot, nor when every step carries its error entries (``"observe"``);
+        failed envs are restarted as on the ticketed path (``"restart"``)."""
         return (
             self._backend.has_run_stacked
             and self.max_concurrency is None
-            and self.on_error == "raise"
+            and self.on_error != "observe"
         )
 
     async def _hold_all(self) -> range:
@@ -418,7 +448,8 @@ class _Dispatcher:
         finally:
             self._release_all()
         if isinstance(out, list):
-            return self._pool_failures(op, out)
+            out = self._pool_failures(op, out)
+            await self._restart_failed(op, out)
         return out
 
     async def _run_generic(

@@ -408,7 +408,9 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         if policy is not None or break_when_any_done or self._lazy or self.state_keys:
             return None
         backend = self._backend
-        if not (self._stacked_ok() and backend.overlaps_steps and backend.stacks_all):
+        if not (self._stacked_ok() and self.on_error == "raise"):
+            return None
+        if not (backend.overlaps_steps and backend.stacks_all):
             return None
         if type(self).rand_action is not AsyncEnvPool.rand_action or not all(
             type(key) is str for key in self.action_keys

@@ -58,7 +58,7 @@ from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly, weak_callback
 from aenv.pool._process_support import Worker as _Worker
-from aenv.pool._process_worker import FAILED, PICKLED, SLOT, worker_main
+from aenv.pool._process_worker import PICKLED, SLOT, worker_main
 from aenv.pool._shm import (
     BANKS,
     Block,
@@ -203,8 +203,6 @@ class ProcessBackend(ClosingMixin, Backend):
         # the env's inputs travel pickled (never written over that op's input)
         self._fences: dict[int, int] = {}
         self._seq = itertools.count(1)
-        self._requests = itertools.count(1)
-        self._replies: dict[int, tuple[int, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_pending = False
         self._closing = False
@@ -415,8 +413,6 @@ class ProcessBackend(ClosingMixin, Backend):
             timer = w.ack_timers.pop(msg[1], None)
             if timer is not None:
                 timer.cancel()
-        elif kind == "attr":
-            self._replies[msg[1]] = (msg[2], msg[3])
         elif kind in ("meta", "failed"):
             try:
                 self._on_meta(w, msg)
@@ -932,42 +928,6 @@ class ProcessBackend(ClosingMixin, Backend):
                 if self._inflight[i] is not None:
                     self._inflight[i] = None
                     self._complete(i, failure)
-
-    # ------------------------------------------------------------------ attributes
-    def getattr_sync(self, env_index: int, name: str) -> Any:
-        w = self._of_env[env_index]
-        if w.state == "broken" and w.failure is not None:
-            raise w.failure.exc
-        chan = w.chan
-        if (w.state != "ready" and w.state != "starting") or chan is None:
-            raise self._crash_error(w, env_index)
-        request = next(self._requests)
-        later: list[tuple[_Worker, tuple[Any, ...]]] = []
-        try:
-            if w.state == "starting":
-                (frame,) = chan.recv_blocking(limit=1)
-                self._on_meta(w, frame[0])
-            out, w.outbox = w.outbox, []
-            chan.send([*out, ("attr", request, env_index, name)])
-            chan.flush_blocking()
-            while request not in self._replies:
-                for frame in chan.recv_blocking():
-                    for msg in frame:
-                        if msg[0] == "attr":
-                            self._replies[msg[1]] = (msg[2], msg[3])
-                        else:
-                            later.append((w, msg))
-        except ChannelClosed:
-            self._defer(self._worker_died, w)
-            raise self._crash_error(w, env_index, "during an attribute read") from None
-        finally:
-            for item in later:
-                self._defer(self._on_message, *item)
-        code, data = self._replies.pop(request)
-        if code == FAILED:
-            exc, _ = pickle.loads(data)
-            raise exc
-        return pickle.loads(data)
 
     def _defer(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop

@@ -13,15 +13,14 @@ Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the
   ``("batch", seq, op, [(env, data), ...], stream[, bank])`` (one whole-batch call's share
   of this worker: one ``op`` per env, all under one ``seq``, its slots those of ``bank``,
   default 0; see :mod:`aenv.pool._shm`), ``("cancel", env, seq)``,
-  ``("replace", env)``, ``("attr", request, env, name)``, ``("close",)``.
+  ``("replace", env)``, ``("close",)``.
 * worker -> parent: ``("meta", metas)`` / ``("failed", failure)`` once at start-up,
   ``("r", env, seq, code, data)`` per outcome (:data:`SLOT`: in the slots; :data:`PICKLED`:
   ``data`` is the pickled result; :data:`FAILED`: ``data`` is a pickled ``(exc, traceback)``),
   ``("b", seq, [(env, code, data), ...])`` for a batch (once, when all its envs are done;
   as they finish when ``stream`` was set), ``("ack", env)`` for a replace,
   ``("cx", env, n)`` for ``n`` cancels of the env once nothing runs for it (until then the
-  parent sends the env's inputs pickled, not through its input slot),
-  ``("attr", request, code, data)``.
+  parent sends the env's inputs pickled, not through its input slot).
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
@@ -277,14 +276,6 @@ class _Runtime:
                 self.cancel_acks[i] = self.cancel_acks.get(i, 0) + 1
         elif kind == "replace":
             self._replace(cmd[1])
-        elif kind == "attr":
-            _, request, i, name = cmd
-            try:
-                env = self.envs[i]
-                data = pickle.dumps(getattr(env, name), protocol=_DUMP)
-                self._put(("attr", request, PICKLED, data))
-            except Exception as exc:
-                self._put(("attr", request, FAILED, pack_failure(exc)))
         elif kind == "close":
             self._stop()
 

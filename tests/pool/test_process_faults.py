@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import cloudpickle
 import psutil
@@ -189,14 +190,12 @@ def test_parent_death_takes_workers_down(tmp_path):
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
         owner.kill()
         owner.wait(10)
-        procs = []
-        for pid in pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        assert all(_gone(p.pid) for p in alive)
+        # polled, not psutil.wait_procs: the workers are no children of this process, and
+        # its waitpid-based wait can raise ChildProcessError while they are reparented
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in pids)
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv import AsyncEnvPool, GymEnv, PendulumEnv
+from aenv import AsyncEnvPool, GymEnv, GymWrapper, PendulumEnv
 from aenv.exceptions import PoolError
 from aenv.pool._coroutine import CoroutineBackend
 from aenv.testing import CountingEnv
@@ -173,3 +173,78 @@ async def test_inputs_go_through_the_input_rows_and_stay_planned(monkeypatch):
     planned = ["action", "done", "observation", "terminated", "truncated"]
     # every step's input held the planned entries only: the scribble did not stay
     assert _Scribbling.seen == [planned] * 6
+
+
+class _FlakyGym:
+    """A gymnasium env that raises on its third step after each reset when ``fail``."""
+
+    def __new__(cls, fail: bool) -> Any:
+        import gymnasium as gym
+        import numpy as np
+
+        class Flaky(gym.Env):
+            observation_space = gym.spaces.Box(-100.0, 100.0, (1,), dtype=np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+                super().reset(seed=seed)
+                self.count = 0
+                return np.zeros(1, dtype=np.float32), {}
+
+            def step(self, action: Any) -> Any:
+                self.count += 1
+                if fail and self.count == 3:
+                    raise RuntimeError("flaky step")
+                obs = np.full(1, self.count + int(action), dtype=np.float32)
+                return obs, 1.0, False, False, {}
+
+        return GymWrapper(Flaky())
+
+
+@pytest.mark.parametrize("op", ["step", "step_and_maybe_reset"])
+async def test_restart_policy_keeps_the_rows_path(op, monkeypatch):
+    # on_error="restart" no longer turns the rows off: a failed env is restarted as on
+    # the per-env path (rebuilt, reset, reported truncated) and the results are the same
+    from aenv.pool import _rows
+
+    async def run(rows: bool) -> tuple[list[TensorDictBase], list[str], dict[int, str]]:
+        monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+        taken: list[str] = []
+        real = _rows.Rows.run
+
+        def spy(self: Any, *args: Any) -> Any:
+            out = real(self, *args)
+            taken.append(type(out).__name__)
+            return out
+
+        monkeypatch.setattr(_rows.Rows, "run", spy)
+        fns = [partial(_FlakyGym, fail) for fail in (False, True, False)]
+        out = []
+        async with AsyncEnvPool(fns, on_error="restart") as pool:
+            td = await pool.reset()
+            for _ in range(5):
+                td = pool.rand_action(td)
+                if op == "step":
+                    stepped = await pool.step(td)
+                    td = pool.step_mdp(stepped)
+                else:
+                    stepped, td = await pool.step_and_maybe_reset(td)
+                out.append(stepped.clone())
+            errors = {i: str(e) for i, e in pool.last_errors.items()}
+        return out, taken, errors
+
+    torch.manual_seed(0)
+    expected, _, expected_errors = await run(False)
+    torch.manual_seed(0)
+    got, taken, errors = await run(True)
+    assert "list" in taken and "Stacked" in taken  # the failing batch came back per env
+    assert sorted(errors) == sorted(expected_errors) == [1]
+    assert "flaky step" in errors[1]
+    for a, b in zip(expected, got, strict=True):
+        assert sorted(a.keys(True, True), key=str) == sorted(b.keys(True, True), key=str)
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+    # the third step of env 1 was reported truncated, with the fresh env's observation
+    third = got[2]
+    assert third["next", "truncated"][1].all() and not third["next", "truncated"][0].any()
+    assert third["next", "observation"][1].item() == 0.0
