@@ -296,13 +296,7 @@ class _Dispatcher:
             self._running += 1
             tickets.append(t)
             self._restart(t, outcomes[i].exc)
-        try:
-            if batch.remaining:
-                await batch.future
-        except BaseException:
-            self._abandon_batch(tickets)
-            raise
-        for i, outcome in zip(failed, batch.outcomes):
+        for i, outcome in zip(failed, await self._await_batch(batch, tickets)):
             outcomes[i] = outcome
 
     def _observed(self, outcome: Any) -> Any:
@@ -461,6 +455,11 @@ class _Dispatcher:
         ]
         for t in tickets:
             self._enqueue(t)
+        return await self._await_batch(batch, tickets)
+
+    async def _await_batch(self, batch: _Batch, tickets: list[_Ticket]) -> list[Any]:
+        """The outcomes of a batch of tickets once all are in; a cancelled caller stops
+        what can be stopped and orphans the rest."""
         try:
             if batch.remaining:
                 await batch.future

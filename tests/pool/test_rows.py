@@ -32,18 +32,7 @@ ENVS = {
 
 async def _run(make: Any, rows: bool, monkeypatch: pytest.MonkeyPatch) -> list[TensorDictBase]:
     monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
-    taken = []
-    if rows:
-        from aenv.pool import _rows
-
-        real = _rows.Rows.run
-
-        def spy(self: Any, *args: Any) -> Any:
-            out = real(self, *args)
-            taken.append(type(out).__name__)
-            return out
-
-        monkeypatch.setattr(_rows.Rows, "run", spy)
+    taken = _spy_rows(monkeypatch) if rows else []
     out = []
     async with AsyncEnvPool([make] * 3) as pool:
         await pool.set_seed(5)
@@ -64,6 +53,22 @@ async def _run(make: Any, rows: bool, monkeypatch: pytest.MonkeyPatch) -> list[T
         else:
             assert len(taken) <= 1
     return out
+
+
+def _spy_rows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record what each whole-batch step into the rows gave: "Stacked" or "list"."""
+    from aenv.pool import _rows
+
+    taken: list[str] = []
+    real = _rows.Rows.run
+
+    def spy(self: Any, *args: Any) -> Any:
+        out = real(self, *args)
+        taken.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(_rows.Rows, "run", spy)
+    return taken
 
 
 def name_writes_directly(make: Any) -> bool:
@@ -205,19 +210,10 @@ class _FlakyGym:
 async def test_restart_policy_keeps_the_rows_path(op, monkeypatch):
     # on_error="restart" no longer turns the rows off: a failed env is restarted as on
     # the per-env path (rebuilt, reset, reported truncated) and the results are the same
-    from aenv.pool import _rows
 
     async def run(rows: bool) -> tuple[list[TensorDictBase], list[str], dict[int, str]]:
         monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
-        taken: list[str] = []
-        real = _rows.Rows.run
-
-        def spy(self: Any, *args: Any) -> Any:
-            out = real(self, *args)
-            taken.append(type(out).__name__)
-            return out
-
-        monkeypatch.setattr(_rows.Rows, "run", spy)
+        taken = _spy_rows(monkeypatch)
         fns = [partial(_FlakyGym, fail) for fail in (False, True, False)]
         out = []
         async with AsyncEnvPool(fns, on_error="restart") as pool:
