@@ -394,12 +394,15 @@ class _Dispatcher:
         return await self._run_generic(op, indices, payloads)
 
     def _stacked_ok(self) -> bool:
-        """Whether whole-batch steps may take the backend's stacked path: not when envs
-        must wait for a slot, nor when every step carries its error entries (``"observe"``);
-        failed envs are restarted as on the ticketed path (``"restart"``)."""
+        """Whether whole-batch steps may take the backend's stacked path. Under
+        ``max_concurrency`` only where the stacked path steps one env at a time (envs in
+        this process, run inline: never more than one works); not when every step carries
+        its error entries (``"observe"``). Failed envs are restarted as on the ticketed
+        path (``"restart"``)."""
+        backend = self._backend
         return (
-            self._backend.has_run_stacked
-            and self.max_concurrency is None
+            backend.has_run_stacked
+            and (self.max_concurrency is None or not backend.overlaps_steps)
             and self.on_error != "observe"
         )
 

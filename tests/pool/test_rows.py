@@ -244,3 +244,26 @@ async def test_restart_policy_keeps_the_rows_path(op, monkeypatch):
     third = got[2]
     assert third["next", "truncated"][1].all() and not third["next", "truncated"][0].any()
     assert third["next", "observation"][1].item() == 0.0
+
+
+async def test_max_concurrency_keeps_the_rows_path(monkeypatch):
+    # the rows step one inline env at a time: a concurrency cap is met as it is
+    async def run(rows: bool) -> tuple[list[TensorDictBase], list[str]]:
+        monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+        taken = _spy_rows(monkeypatch)
+        out = []
+        async with AsyncEnvPool([ENVS["cartpole"]] * 4, max_concurrency=2) as pool:
+            await pool.set_seed(3)
+            torch.manual_seed(3)
+            td = await pool.reset()
+            for _ in range(30):
+                stepped, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+                out.append(stepped.clone())
+        return out, taken
+
+    expected, _ = await run(False)
+    got, taken = await run(True)
+    assert taken == ["Stacked"] * 30
+    for a, b in zip(expected, got, strict=True):
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
