@@ -20,39 +20,16 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
+from aenv.envs._rowplan import RESET_GROUPS, STEP_GROUPS, plan_rows
 from aenv.pool._backend import Failure, Stacked
 from aenv.pool._ops import _any_done, drive, lean_inline, runs_inline
-from aenv.specs import Composite, NonTensor
 
 __all__ = ["Rows"]
 
-_STEP_GROUPS = ("full_observation_spec", "full_reward_spec", "full_done_spec")
-_RESET_GROUPS = ("full_observation_spec", "full_done_spec")
+_STEP_GROUPS, _RESET_GROUPS = STEP_GROUPS, RESET_GROUPS
 
 
-def _plan(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase | None:
-    """Zeroed buffers for ``n`` envs shaped as ``env``'s specs in ``groups`` (None when a
-    spec cannot be planned: non-tensor data, dynamic shapes)."""
-    parts = []
-    for name in groups:
-        spec = env.output_spec[name]
-        if not isinstance(spec, Composite):
-            return None
-        for key in spec.keys(True, True):
-            leaf = spec[key]
-            if type(key) is not str or isinstance(leaf, Composite | NonTensor) or -1 in leaf.shape:
-                # (flat tensor specs only: a nested level's own batch dims would stack
-                # differently from the per-env path's results; text is no tensor)
-                return None
-        parts.append(spec.zero())
-    if not parts:
-        return None
-    row = parts[0].empty()
-    for part in parts:
-        row.update(part)
-    if any(not isinstance(v, torch.Tensor) for v in row.values(True, True)):
-        return None
-    return torch.stack([row] * n, 0).contiguous()  # type: ignore[arg-type, return-value]
+_plan = plan_rows  # (the one planner, shared with the rollout's time rows)
 
 
 def _fill(row: TensorDictBase, keys: frozenset[Any], td: TensorDictBase) -> bool:
