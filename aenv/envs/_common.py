@@ -116,16 +116,20 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     _seed_is_async: ClassVar[bool] = False
 
     async def _step_into(
-        self, tensordict: TensorDictBase, out: TensorDictBase | None
+        self, tensordict: TensorDictBase, out: TensorDictBase | None, index: int | None = None
     ) -> bool | TensorDictBase:
         """The env's step, from the checked input ``tensordict`` into the row ``out``.
 
         ``out`` is a preallocated TensorDict holding a step's ``"next"`` content as the
-        specs plan it (a process worker's result slot), or None (no row: the caller takes a
-        TensorDict). Returns the root ``"done"`` flag as a bool once every leaf of ``out``
-        holds the step's value, completed as :meth:`step` gives it; or the step's completed
-        ``"next"`` TensorDict when nothing was written (no row, or a row the env cannot
-        fill), for the caller to copy or ship.
+        specs plan it (:func:`~aenv.envs._rowplan.plan_rows`: a process worker's result
+        slot, a pool's row), or None (no row: the caller takes a TensorDict). With ``index``,
+        ``out`` holds rows along a leading dim (a rollout's time steps) and the step writes
+        row ``index``; ``tensordict`` is then the input, or, when it has that leading dim too
+        (more batch dims than the env), a buffer of inputs whose row ``index`` is the input.
+        Returns the root ``"done"`` flag as a bool once every leaf of the row holds the
+        step's value, completed as :meth:`step` gives it; or the step's completed ``"next"``
+        TensorDict when nothing was written (no row, or a row the env cannot fill), for the
+        caller to copy or ship.
 
         The default runs ``_step`` (inline, awaited, or in a thread for a blocking env) and
         completes its result (:meth:`_step_proc_data`); it never writes. An env that can
@@ -134,6 +138,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         an override gets the default back (see ``__init_subclass__``), so the override never
         stands in for code it does not run.
         """
+        if index is not None and tensordict.batch_dims > len(self.batch_size):
+            tensordict = tensordict[index]
         if self._step_is_async:
             next_td = await self._step(tensordict)
         elif self.blocking:
@@ -143,11 +149,14 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         return self._step_proc_data(next_td, tensordict)
 
     async def _reset_into(
-        self, stepped: TensorDictBase, out: TensorDictBase | None
+        self, stepped: TensorDictBase, out: TensorDictBase | None, index: int | None = None
     ) -> bool | TensorDictBase:
         """After the step ``stepped`` (an input with its ``"next"``): the next step's input,
-        with the elements that step ended reset, into the row ``out`` (a process worker's
-        reset slot: a reset's outputs as the specs plan them) or None.
+        with the elements that step ended reset, into the row ``out`` (a reset's outputs as
+        the specs plan them: a process worker's reset slot) or None. With ``index``,
+        ``stepped`` and ``out`` hold rows along a leading dim (a rollout's buffers: the
+        step is row ``index`` of ``stepped``, the input it gives goes to row ``index`` of
+        ``out``).
 
         Returns True once ``out`` holds it, or the TensorDict when nothing was written. The
         default is ``step_mdp`` of ``stepped``, ``"_reset"`` flags where done, then
@@ -155,6 +164,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         """
         if self._closed:
             self._check_open()
+        if index is not None and stepped.batch_dims > len(self.batch_size):
+            stepped = stepped[index]
         next_input = self._step_mdp(stepped)
         if self._any_done_write_reset(next_input):
             return await self.reset(next_input)
@@ -168,14 +179,12 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         break_when_any_done: bool,
         tensordict: TensorDictBase | None,
     ) -> TensorDictBase | None:
-        """A whole rollout in one call, for envs that can run one faster than the generic
-        per-step loop; None (the default) means "not here", and the generic loop runs.
+        """A whole rollout in one call, or None (the default): the rollout loop runs.
 
-        Called by :meth:`rollout` only in the plain case: no callback, no device cast, no
-        ``break_when_all_done``, no ``set_truncated``, contiguous output. ``policy`` is None
-        for random actions; ``tensordict`` is the first input, or None for "reset first".
-        The result must equal the generic loop's, stacked along a new last dim (the caller
-        names it ``"time"``).
+        Offered by :meth:`rollout` only in the plain case (no callback, device cast,
+        ``break_when_all_done``, ``set_truncated``; contiguous output), for a pool whose
+        backend overlaps consecutive steps. ``policy`` is None for random actions;
+        ``tensordict`` the first input, or None for "reset first".
         """
         return None
 
@@ -569,16 +578,6 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         input of the next step (``step_mdp`` of it, with done elements reset).
         """
         tensordict = await self.step(tensordict)
-        next_input = await self._reset_into(tensordict, None)
-        assert not isinstance(next_input, bool)
-        return tensordict, next_input
-
-    async def _rollout_step(
-        self, tensordict: TensorDictBase, check_actions: bool
-    ) -> tuple[TensorDictBase, TensorDictBase]:
-        """:meth:`step_and_maybe_reset` for the rollout loop of an env that overrides neither
-        it nor :meth:`step` (see :meth:`_step_checked` for ``check_actions``)."""
-        tensordict = await self._step_checked(tensordict, check_actions)
         next_input = await self._reset_into(tensordict, None)
         assert not isinstance(next_input, bool)
         return tensordict, next_input

@@ -1,4 +1,10 @@
-"""The async rollout loop shared by every env (pools and transformed envs included)."""
+"""The async rollout loop shared by every env (pools and transformed envs included).
+
+One loop runs every rollout: random actions and policies, single and batched envs. Each step
+goes through the env's step hook (:meth:`~aenv.EnvBase._step_into`); a step store
+(:mod:`aenv.envs._rollout_stores`) keeps it: time rows written by the env itself where its
+hooks write rows, TensorDicts stacked along the time dim otherwise.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,32 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
-import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from aenv._mdp import any_true, fast_stack, time_named, unravel
+from aenv._mdp import time_named, unravel
 from aenv.envs._policy import make_policy
+from aenv.envs._rollout_stores import (
+    _done_mask,
+    _Draws,
+    _Fallback,
+    _StepStore,
+    _TensorDicts,
+    _TimeRows,
+)
+from aenv.envs._rowplan import writes_rows
 from aenv.exceptions import PoolError
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
 
-__all__ = ["YIELD_EVERY", "call_policy", "rollout_policy", "run_rollout"]
+__all__ = [
+    "YIELD_EVERY",
+    "_StepStore",
+    "_done_mask",
+    "call_policy",
+    "rollout_policy",
+    "run_rollout",
+]
 
 #: A rollout lets the event loop run (other tasks, a cancel) at least once every this many
 #: steps, however many of them complete without suspending (cheap sync envs).
@@ -56,24 +77,6 @@ def rollout_policy(env: EnvBase, policy: Callable[..., Any] | None) -> Callable[
         return policy
 
 
-def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
-    """Per batch element: is any done flag (at any level) set? Shape ``td.batch_size``."""
-    out = torch.zeros(td.batch_size, dtype=torch.bool, device=td.device)
-    for key in env._done_flag_keys:
-        flag = td.get(key, None)
-        if flag is not None:
-            out = out | flag.reshape(*td.batch_size, -1).any(-1)
-    return out
-
-
-def _any_done(env: EnvBase, td: TensorDictBase) -> bool:
-    for key in env._done_flag_keys:
-        flag = td.get(key, None)
-        if flag is not None and any_true(flag):
-            return True
-    return False
-
-
 async def run_rollout(
     env: EnvBase,
     max_steps: int,
@@ -104,13 +107,15 @@ async def run_rollout(
         # a rollout going on from a given tensordict (the last step of another, say): what
         # it says is done is reset first, as TorchRL does; nothing else is
         tensordict = await env.reset(tensordict)
+    cast = auto_cast_to_device and env.device is not None
     if (
         callback is None
-        and not auto_cast_to_device
+        and not cast
         and not break_when_all_done
         and not set_truncated
         and return_contiguous
     ):
+        # a pool whose backend overlaps consecutive steps runs the rollout itself
         whole = await env._rollout_whole(
             max_steps, policy, break_when_any_done=bool(break_when_any_done), tensordict=tensordict
         )
@@ -124,162 +129,95 @@ async def run_rollout(
             "set_truncated=True needs 'truncated' entries in the done spec; "
             "call env.add_truncated_keys() first"
         )
-    # random actions: rand_action is plain and returns its input, so no call_policy
-    rand_action = env.rand_action if policy is None else None
     # an env keeping EnvBase's step and step_and_maybe_reset: the loop calls their body
-    # directly, and skips the action checks for actions that EnvBase.rand_action drew
+    # directly, and skips the action checks for actions drawn from the action specs
     from aenv.envs._common import EnvBase as Base
 
     cls = type(env)
-    plain = (
-        cls.step is Base.step
-        and cls.step_and_maybe_reset is Base.step_and_maybe_reset
-        and cls.rand_action is Base.rand_action
+    plain = cls.step is Base.step and cls.step_and_maybe_reset is Base.step_and_maybe_reset
+    draws = _Draws.make(env, tensordict, max_steps) if policy is None else None
+    store: list[_TimeRows | _TensorDicts] = [
+        _TensorDicts(env, bool(return_contiguous), plain, policy is None, draws, callback, cast)
+    ]
+    # time rows where the env's hooks write them (decided on the first step's input)
+    rows = (
+        plain
+        and callback is None
+        and not cast
+        and not break_when_all_done
+        and bool(return_contiguous)
+        and not env.batch_size
+        and max_steps > 1
+        and writes_rows(env)
     )
-    device = env.device
-    steps = _StepStore(bool(return_contiguous))
     try:
         await _loop(
             env,
-            steps,
+            store,
             tensordict,
             max_steps,
             policy,
-            callback,
-            rand_action,
-            plain,
-            auto_cast_to_device and device is not None,
+            rows,
             bool(break_when_any_done),
             bool(break_when_all_done),
         )
     except PoolError as err:
         # a pool's sub-env failed: the steps done before are the caller's, not lost
-        if steps.pending or steps.chunks:
-            err.rollout = time_named(steps.finish())
+        if store[0].count:
+            err.rollout = time_named(store[0].finish())
         raise
     if set_truncated:
-        last = steps.last.get("next")
-        for key in env.done_keys:
-            key_t = unravel(key)
-            if key_t[-1] in ("truncated", "done"):
-                last.set(key, torch.ones_like(last.get(key)))
-    return time_named(steps.finish())
+        store[0].set_truncated()
+    return time_named(store[0].finish())
 
 
 async def _loop(
     env: EnvBase,
-    steps: _StepStore,
+    box: list[_TimeRows | _TensorDicts],
     td: TensorDictBase,
     max_steps: int,
     policy: Callable[..., Any] | None,
-    callback: Callable[..., Any] | None,
-    rand_action: Callable[..., Any] | None,
-    plain: bool,
-    cast: bool,
+    rows: bool,
     break_when_any_done: bool,
     break_when_all_done: bool,
 ) -> None:
-    """The rollout's steps, appended to ``steps``."""
-    device = env.device
-    for i in range(max_steps):
-        if i % YIELD_EVERY == YIELD_EVERY - 1:
-            await anyio.lowlevel.checkpoint()
-        if break_when_all_done and i:
-            td.set("_step", ~_done_mask(env, td))
-        td = rand_action(td) if rand_action is not None else await call_policy(policy, td)  # type: ignore[arg-type]
-        if cast:
-            td = td.to(device)
-        if break_when_any_done or break_when_all_done or i == max_steps - 1:
-            # (the last step of a rollout that goes on through episode ends resets
-            # nothing: the env stays where the step left it, as TorchRL's does)
-            if plain:
-                td = await env._step_checked(td, rand_action is None)
-            else:
-                td = await env.step(td)
-            if break_when_all_done:
-                td.pop("_step", None)
-            steps.append(td)
-            if callback is not None:
-                res = callback(env, td)
-                if inspect.isawaitable(res):
-                    await res
-            if i == max_steps - 1:
-                break
-            td = env._step_mdp(td)
-            if break_when_any_done:
-                if _any_done(env, td):
-                    break
-            elif bool(_done_mask(env, td).all()):
-                break
-        else:
-            if plain:
-                td, nxt = await env._rollout_step(td, rand_action is None)
-            else:
-                td, nxt = await env.step_and_maybe_reset(td)
-            steps.append(td)
-            if callback is not None:
-                res = callback(env, td)
-                if inspect.isawaitable(res):
-                    await res
-            if i == max_steps - 1:
-                break
-            td = nxt
+    """The rollout's steps, kept by ``box[0]`` (a store).
 
-
-class _StepStore:
-    """A rollout's steps, stacked along a new trailing dim.
-
-    Steps are stacked in chunks as they come, so a long rollout keeps few live objects (the
-    garbage collector's cost grows with them); the newest step stays unstacked, so it can
-    still be edited (``set_truncated``). Steps whose shapes vary (dynamic specs) end up in a
-    lazy stack, as do all steps when ``contiguous`` is False.
+    Each step: the action (random: ``store.act``, or the policy's), the step
+    (``store.step``: True when it ended an episode somewhere), then, unless the rollout
+    ends there, the next step's input (``store.advance``: ``step_mdp`` of the step, or,
+    after an episode's end in a rollout that goes on, ``store.reset``: with what it ended
+    reset). (The last step of a
+    rollout resets nothing: the env stays where the step left it, as TorchRL's does.)
+    With ``rows``, the first step's input decides whether time rows keep the steps; rows
+    hand over to TensorDicts (:meth:`_TimeRows.fallback`) before a step they cannot hold.
     """
-
-    CHUNK = 256
-
-    def __init__(self, contiguous: bool) -> None:
-        self.contiguous = contiguous
-        self.pending: list[TensorDictBase] = []
-        self.chunks: list[TensorDictBase] = []
-        self.dim = 0
-
-    @property
-    def last(self) -> TensorDictBase:
-        return self.pending[-1]
-
-    def append(self, td: TensorDictBase) -> None:
-        if not self.pending and not self.chunks:
-            self.dim = td.batch_dims
-        self.pending.append(td)
-        if self.contiguous and len(self.pending) > self.CHUNK:
-            head = self.pending[: self.CHUNK]
-            try:
-                self.chunks.append(_stack(head, self.dim))
-            except RuntimeError:
-                self._go_lazy()
-                return
-            del self.pending[: self.CHUNK]
-
-    def _go_lazy(self) -> None:
-        self.contiguous = False
-        unbound = [t for chunk in self.chunks for t in chunk.unbind(self.dim)]
-        self.pending = unbound + self.pending
-        self.chunks = []
-
-    def finish(self) -> TensorDictBase:
-        if self.contiguous:
-            try:
-                tail = _stack(self.pending, self.dim)
-                if not self.chunks:
-                    return tail
-                return torch.cat([*self.chunks, tail], self.dim)  # type: ignore[arg-type, return-value]
-            except RuntimeError:
-                self._go_lazy()
-        return LazyStackedTensorDict.lazy_stack(self.pending, dim=self.dim)
-
-
-def _stack(tds: list[TensorDictBase], dim: int) -> TensorDictBase:
-    out = fast_stack(tds, dim)
-    if out is None:
-        return torch.stack(tds, dim)  # type: ignore[arg-type, return-value]
-    return out
+    store = box[0]
+    stop = break_when_any_done or break_when_all_done
+    last = max_steps - 1
+    for t in range(max_steps):
+        if t % YIELD_EVERY == YIELD_EVERY - 1:
+            await anyio.lowlevel.checkpoint()
+        if break_when_all_done and t:
+            td.set("_step", ~_done_mask(env, td))
+        td = await call_policy(policy, td) if policy is not None else store.act(td, t)
+        if rows and not t:
+            assert isinstance(store, _TensorDicts)
+            made = _TimeRows.make(env, td, max_steps, store.draws, policy is not None)
+            if made is not None:
+                store = box[0] = made
+        reset = not stop and t < last
+        try:
+            td, done = await store.step(td, t, reset)
+        except _Fallback:
+            assert isinstance(store, _TimeRows)
+            store = box[0] = store.fallback()
+            td, done = await store.step(td, t, reset)
+        if t == last:
+            break
+        if break_when_any_done and done:
+            break
+        # (an episode end inside a rollout that goes on: the env resets what it ended)
+        td = await store.reset(td, t) if done and not stop else store.advance(td, t)
+        if break_when_all_done and bool(_done_mask(env, td).all()):
+            break

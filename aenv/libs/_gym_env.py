@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,7 +11,6 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._gymlike import GymLikeEnv
 from aenv.exceptions import BatchSizeError
 from aenv.libs._gym_backend import gym_backend, to_gymnasium_space
-from aenv.libs._gym_rollout import layout, plain_input, rollout_whole
 from aenv.libs._gym_vector import VectorAutoreset, normalize_autoreset_mode
 from aenv.specs import (
     Bounded,
@@ -24,7 +21,7 @@ from aenv.specs import (
     TensorSpec,
     from_gym_space,
 )
-from aenv.specs._numpy import from_numpy_fn, np_dtype
+from aenv.specs._numpy import from_numpy_fn, np_dtype, to_numpy_fn
 
 __all__ = ["GymEnv", "GymWrapper"]
 
@@ -50,42 +47,8 @@ def _is_vector(env: Any) -> bool:
     return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
 
 
-# methods the whole-rollout path stands in for: a subclass (or instance) replacing one of
-# them gets the generic rollout loop, which calls it
-_WHOLE_ROLLOUT_METHODS = (
-    "_step",
-    "_step_into",
-    "_plain_step",
-    "_fast_read_obs",
-    "_reset",
-    "_reset_output_transform",
-    "_read_infos",
-    "_make_td",
-    "step",
-    "reset",
-    "rand_action",
-    "step_and_maybe_reset",
-    "_step_mdp",
-    "_step_proc_data",
-    "_reset_proc_data",
-    "_check_batch",
-    "_check_actions",
-    "_any_done_write_reset",
-    "_check_done_after_reset",
-    "_step_checked",
-    "_rollout_step",
-)
-
-
-@functools.cache
-def _keeps_rollout_methods(cls: type) -> bool:
-    return all(
-        getattr(cls, name, None) is getattr(GymWrapper, name, None)
-        for name in _WHOLE_ROLLOUT_METHODS
-    )
-
-
 # the leaves of the rows the plain path writes: a step's "next" content, a reset's outputs
+_ACTION_BLOCK = 256  # actions of a rollout's rows converted at a time
 _STEP_ROW = ("observation", "reward", "terminated", "truncated", "done")
 _RESET_ROW = ("observation", "terminated", "truncated", "done")
 
@@ -119,9 +82,9 @@ class GymWrapper(GymLikeEnv):
     A vector env becomes one env of batch size ``(num_envs,)``; its autoreset mode is mapped
     onto aenv's done/reset semantics (see :mod:`aenv.libs._gym_vector`).
 
-    A plain :meth:`rollout` of a single CPU env (one observation, no pixels, frame skip,
-    auto reset or info readers) runs as one gymnasium loop into numpy buffers, with the
-    generic loop's result (see :mod:`aenv.libs._gym_rollout`).
+    A single CPU env with one observation and no pixels, frame skip, auto reset or info
+    readers steps on a plain path that writes gymnasium's outputs straight into the rows of
+    a pool or of a rollout (:meth:`_step_into`, :meth:`_reset_into`).
 
     Args:
         env: the gymnasium env.
@@ -203,6 +166,9 @@ class GymWrapper(GymLikeEnv):
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
+        # a rollout's actions converted a block of rows at a time: (buffer, its version,
+        # first row, values)
+        self._row_actions: tuple[torch.Tensor, int, int, list[Any]] | None = None
         self._build_specs()
 
     # ------------------------------------------------------------------ specs
@@ -237,6 +203,12 @@ class GymWrapper(GymLikeEnv):
             Composite(obs, shape=bs, device=dev),
             action,
             action_space=batched_act_space if self._vector is not None else act_space,
+        )
+        # rows of actions converted as a block: the converter of the spec with a leading dim
+        self._rows_writer = (
+            None
+            if isinstance(action, (Composite, NonTensor))
+            else to_numpy_fn(action.expand(2, *action.shape), act_space)
         )
         if self.from_pixels:
             self._pixels_reader = from_numpy_fn(self.full_observation_spec["pixels"], dev)
@@ -319,27 +291,62 @@ class GymWrapper(GymLikeEnv):
         )
 
     def _plain_step(
-        self, tensordict: TensorDictBase, views: tuple[np.ndarray, ...] | None
+        self,
+        tensordict: TensorDictBase,
+        views: tuple[np.ndarray, ...] | None,
+        index: int = 0,
     ) -> bool | TensorDictBase:
-        """The plain path's gymnasium step: into ``views`` (numpy views of a row's
-        observation, reward, terminated, truncated and done leaves), returning the done flag,
-        or, without views or for an observation off its spec, as a TensorDict of fresh
-        tensors built with the specs' dtypes and shapes (assembled without validation)."""
+        """The plain path's gymnasium step: into row ``index`` of ``views`` (numpy views of
+        rows of observations, rewards, terminated, truncated and done flags), returning the
+        done flag, or, without views or for an observation off its spec, as a TensorDict of
+        fresh tensors built with the specs' dtypes and shapes (assembled without validation).
+        ``tensordict`` is the input, or a buffer of inputs (a leading dim) whose row
+        ``index`` is."""
         src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
-        obs, reward, terminated, truncated, _ = self._env.step(self._action_writer(src["action"]))
+        if tensordict.batch_size:
+            action = self._row_action(src["action"], index)
+        else:
+            action = self._action_writer(src["action"])
+        obs, reward, terminated, truncated, _ = self._env.step(action)
         if views is None:
             return self._fast_outputs(self._fast_read_obs(obs), reward, terminated, truncated)
         obs_np, rew_np, term_np, trunc_np, done_np = views
-        value = self._obs_into(obs, obs_np)
-        if value is not None:
-            # not what the spec says: the caller handles it as _step's output
-            return self._fast_outputs(value, reward, terminated, truncated)
+        _, np_dt, shape = self._fast_obs
+        if (
+            np_dt is not None
+            and type(obs) is np.ndarray
+            and obs.dtype == np_dt
+            and obs.shape == shape
+        ):
+            obs_np[index] = obs  # (the common case of _obs_into, inline: once a step)
+        else:
+            value = self._obs_into(obs, obs_np[index, ...])
+            if value is not None:
+                # not what the spec says: the caller handles it as _step's output
+                return self._fast_outputs(value, reward, terminated, truncated)
         done = bool(terminated or truncated)
-        rew_np[0] = reward
-        term_np[0] = terminated
-        trunc_np[0] = truncated
-        done_np[0] = done
+        rew_np[index, 0] = reward
+        term_np[index, 0] = terminated
+        trunc_np[index, 0] = truncated
+        done_np[index, 0] = done
         return done
+
+    def _row_action(self, leaf: torch.Tensor, index: int) -> Any:
+        """The backend value of row ``index`` of a buffer of actions. Rows are converted a
+        block at a time (one conversion of a ``(k, ...)`` tensor, as a vector env's actions
+        are), kept while the buffer is not written to (its version stays)."""
+        hit = self._row_actions
+        if (
+            hit is None
+            or hit[0] is not leaf
+            or hit[1] != leaf._version
+            or not hit[2] <= index < hit[2] + len(hit[3])
+        ):
+            if self._rows_writer is None:
+                return self._action_writer(leaf[index])
+            block = leaf[index : index + _ACTION_BLOCK]
+            hit = self._row_actions = (leaf, leaf._version, index, list(self._rows_writer(block)))
+        return hit[3][index - hit[2]]
 
     def _obs_into(self, obs: Any, obs_np: np.ndarray) -> torch.Tensor | None:
         """Copy the backend's observation into a row's observation view; returns None, or
@@ -360,33 +367,36 @@ class GymWrapper(GymLikeEnv):
         return None
 
     async def _step_into(
-        self, tensordict: TensorDictBase, out: TensorDictBase | None
+        self, tensordict: TensorDictBase, out: TensorDictBase | None, index: int | None = None
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
         if out is not None and not self.blocking and not self.run_type_checks and self._plain_now():
-            views = self._row_views(out, _STEP_ROW)
+            views = self._row_views(out, _STEP_ROW, index is not None)
             if views is not None:
-                return self._plain_step(tensordict, views)
-        return await super()._step_into(tensordict, out)
+                return self._plain_step(tensordict, views, index or 0)
+        return await super()._step_into(tensordict, out, index)
 
     async def _reset_into(
-        self, stepped: TensorDictBase, out: TensorDictBase | None
+        self, stepped: TensorDictBase, out: TensorDictBase | None, index: int | None = None
     ) -> bool | TensorDictBase:
         """After a step that ended the episode, on the plain path: gymnasium's reset (with
         the pending seed, used once) straight into the row's numpy views, done flags
         cleared; anything else takes the default."""
         views = None
         if out is not None and not (self.blocking or self.run_type_checks or self._closed):
-            views = self._row_views(out, _RESET_ROW) if self._plain_now() else None
+            views = (
+                self._row_views(out, _RESET_ROW, index is not None) if self._plain_now() else None
+            )
         if views is None:
-            return await super()._reset_into(stepped, out)
+            return await super()._reset_into(stepped, out, index)
+        i = index or 0
         obs_np, term_np, trunc_np, done_np = views
         seed, self._pending_seed, self._stash = self._pending_seed, None, None
         obs, _ = self._reset_output_transform(
             self._env.reset() if seed is None else self._env.reset(seed=seed)
         )
-        value = self._obs_into(obs, obs_np)
+        value = self._obs_into(obs, obs_np[i, ...])
         if value is not None:
             # not what the spec says: the reset's TensorDict, as reset() gives it
             td = TensorDict._new_unsafe(
@@ -396,33 +406,38 @@ class GymWrapper(GymLikeEnv):
                 nested=False,
             )
             return self._reset_proc_data(None, td, None)
-        term_np[0] = trunc_np[0] = done_np[0] = False
+        term_np[i] = trunc_np[i] = done_np[i] = False
         return True
 
     def _row_views(
-        self, out: TensorDictBase, keys: tuple[str, ...]
+        self, out: TensorDictBase, keys: tuple[str, ...], rows: bool = False
     ) -> tuple[np.ndarray, ...] | None:
-        """Numpy views of ``out``'s leaves ``keys``, when ``out`` holds exactly them, each a
-        CPU tensor with its spec's dtype and shape (the reward and flags one element); None
-        otherwise. Kept per row (a worker's slots live as long as the env)."""
+        """Numpy views of ``out``'s leaves ``keys`` with a leading row dim, when ``out`` holds
+        exactly them, each a CPU tensor with its spec's dtype and shape (the reward and
+        flags one element) after that leading dim (``rows``: a rollout's buffer) or as it
+        is (a row of its own, seen as one row); None otherwise. Kept per ``out`` (a worker's
+        slots live as long as the env)."""
         hit = self._views.get(id(out))
         if hit is not None and hit[0] is out:
             return hit[1]
         if type(out) is not TensorDict or sorted(out.keys()) != sorted(keys):
             return None
         specs = self.full_observation_spec, self.full_reward_spec, self.full_done_spec
+        lead = out.batch_size[:1] if rows else torch.Size()
+        if rows and out.batch_dims != 1:
+            return None
         for key in keys:
             spec = next(group[key] for group in specs if key in group.keys())
             leaf = out.get(key)
             if (
                 type(leaf) is not torch.Tensor
                 or leaf.dtype != spec.dtype
-                or leaf.shape != spec.shape
+                or leaf.shape != lead + spec.shape
                 or leaf.device.type != "cpu"
-                or (key != "observation" and leaf.shape != (1,))
+                or (key != "observation" and spec.shape != (1,))
             ):
                 return None
-        views = tuple(out.get(key).numpy() for key in keys)
+        views = tuple(out.get(key).numpy() if rows else out.get(key).numpy()[None] for key in keys)
         if len(self._views) > 8:
             self._views.clear()
         self._views[id(out)] = (out, views)
@@ -528,32 +543,6 @@ class GymWrapper(GymLikeEnv):
         if self._info_readers:
             self._read_infos(info, td)
         return td
-
-    async def _rollout_whole(
-        self,
-        max_steps: int,
-        policy: Callable[..., Any] | None,
-        *,
-        break_when_any_done: bool,
-        tensordict: TensorDictBase | None,
-    ) -> TensorDictBase | None:
-        """The whole rollout as one gymnasium loop (see :mod:`aenv.libs._gym_rollout`), for a
-        single CPU env on the per-step fast path with nothing that needs the generic loop
-        (info readers, type checks, replaced methods, a policy with ``blocking``, a first
-        tensordict holding more than a reset gives); None otherwise."""
-        if (
-            not self._plain_now()
-            or self.run_type_checks
-            or self._closed
-            or (policy is not None and self.blocking)
-            or not _keeps_rollout_methods(type(self))
-            or not self.__dict__.keys().isdisjoint(_WHOLE_ROLLOUT_METHODS)
-        ):
-            return None
-        lay = layout(self)
-        if lay is None or (tensordict is not None and not plain_input(self, tensordict, lay)):
-            return None
-        return await rollout_whole(self, lay, max_steps, policy, break_when_any_done, tensordict)
 
     async def _aclose(self) -> None:
         self._env.close()

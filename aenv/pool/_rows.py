@@ -20,50 +20,16 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
+from aenv.envs._rowplan import INPUT_GROUPS, RESET_GROUPS, STEP_GROUPS, plan_rows
 from aenv.pool._backend import Failure, Stacked
 from aenv.pool._ops import _any_done, drive, lean_inline, runs_inline
-from aenv.specs import Composite, NonTensor
 
 __all__ = ["Rows"]
 
-_OUT = "output_spec"
-_STEP_GROUPS = (
-    (_OUT, "full_observation_spec"),
-    (_OUT, "full_reward_spec"),
-    (_OUT, "full_done_spec"),
-)
-_RESET_GROUPS = ((_OUT, "full_observation_spec"), (_OUT, "full_done_spec"))
-#: what a step's input holds: the last observation and done flags, the action, the state
-_INPUT_GROUPS = (
-    *_RESET_GROUPS,
-    ("input_spec", "full_action_spec"),
-    ("input_spec", "full_state_spec"),
-)
+_STEP_GROUPS, _RESET_GROUPS = STEP_GROUPS, RESET_GROUPS
 
 
-def _plan(env: EnvBase, groups: tuple[tuple[str, str], ...], n: int) -> TensorDictBase | None:
-    """Zeroed buffers for ``n`` envs shaped as ``env``'s specs ``groups`` (``(parent spec,
-    group)`` names), or None when a spec cannot be planned: non-tensor data, dynamic shapes."""
-    parts = []
-    for parent, name in groups:
-        spec = getattr(env, parent)[name]
-        if not isinstance(spec, Composite):
-            return None
-        for key in spec.keys(True, True):
-            leaf = spec[key]
-            if type(key) is not str or isinstance(leaf, Composite | NonTensor) or -1 in leaf.shape:
-                # (flat tensor specs only: a nested level's own batch dims would stack
-                # differently from the per-env path's results; text is no tensor)
-                return None
-        parts.append(spec.zero())
-    if not parts:
-        return None
-    row = parts[0].empty()
-    for part in parts:
-        row.update(part)
-    if any(not isinstance(v, torch.Tensor) for v in row.values(True, True)):
-        return None
-    return torch.stack([row] * n, 0).contiguous()  # type: ignore[arg-type, return-value]
+_plan = plan_rows  # (the one planner, shared with the rollout's time rows)
 
 
 def _fill(row: TensorDictBase, keys: frozenset[Any], td: TensorDictBase) -> bool:
@@ -100,7 +66,7 @@ class Rows:
         self.reset_keys = frozenset(self.reset.keys(True, True))
         # the inputs' rows: a whole batch's input is copied in, one copy per entry, and each
         # env reads its row (no per-env TensorDict made per step)
-        inputs = _plan(envs[0], _INPUT_GROUPS, n)
+        inputs = _plan(envs[0], INPUT_GROUPS, n)
         self.inputs: dict[Any, torch.Tensor] = (
             {} if inputs is None else dict(inputs.items())  # type: ignore[arg-type]
         )

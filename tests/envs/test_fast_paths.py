@@ -1,17 +1,23 @@
-"""The per-step fast paths give what the general tensordict paths give.
+"""The fast paths give what the general paths give.
 
-``fast_step_mdp`` vs ``step_mdp``, ``fast_stack`` vs ``torch.stack``, ``getter`` vs
-``td.get``, and the pendulum's cached coefficients vs changed parameters.
+The rollout matrix: default step hooks vs overridden (row-writing) ones, on every env kind,
+equal exactly. Then the helpers: ``fast_step_mdp`` vs ``step_mdp``, ``fast_stack`` vs
+``torch.stack``, ``getter`` vs ``td.get``, and the pendulum's cached coefficients vs changed
+parameters.
 """
 
 from __future__ import annotations
+
+import types
 
 import pytest
 import torch
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
 
-from aenv import PendulumEnv, step_mdp
+from aenv import EnvBase, PendulumEnv, step_mdp
 from aenv._mdp import fast_stack, fast_step_mdp, getter
+from aenv.envs._rowplan import writes_rows
+from aenv.libs.gym import GymEnv
 from aenv.testing import CountingEnv, NestedCountingEnv, TextEnv
 
 DROP_NEXT = frozenset({"reward"})
@@ -293,3 +299,192 @@ def test_spec_derived_values_are_cached_only_while_locked():
     env.reward_spec = env.reward_spec.clone()  # assignment drops every cached value
     assert "_done_groups" not in env.__dict__ and "action_keys" not in env.__dict__
     assert env._done_groups == {(): ["done", "terminated"]}
+
+
+# ---------------------------------------------------------------- the rollout matrix
+# Default step hooks vs overridden ones, on every env kind: the rollout loop keeps the steps
+# of an env whose hooks write rows in time rows, and those of any other as TensorDicts; both
+# must give the same rollout, exactly (values, dtypes, shapes, episode ends and resets), draw
+# the same random numbers and leave the env in the same state.
+
+
+def _default_hooks(env):
+    env._step_into = EnvBase._step_into.__get__(env)
+    env._reset_into = EnvBase._reset_into.__get__(env)
+    return env
+
+
+def _write(out, index, td) -> bool:
+    """Copy ``td`` into ``out`` (its row ``index`` when given), as a writing hook does."""
+    keys = set(out.keys(True, True))
+    if keys != set(td.keys(True, True)):
+        return False
+    for key in keys:
+        dst = out.get(key)
+        (dst[index] if index is not None else dst).copy_(td.get(key))
+    return True
+
+
+async def _writer_step(self, tensordict, out, index=None):
+    res = await EnvBase._step_into(self, tensordict, out, index)
+    if out is not None and _write(out, index, res):
+        return bool(res.get("done").any())
+    return res
+
+
+async def _writer_reset(self, stepped, out, index=None):
+    res = await EnvBase._reset_into(self, stepped, out, index)
+    if out is not None and _write(out, index, res):
+        return True
+    return res
+
+
+def _overridden_hooks(env):
+    """The env's own writing hooks where it has them, else hooks that write rows."""
+    if writes_rows(env):
+        return env
+    env._step_into = types.MethodType(_writer_step, env)
+    env._reset_into = types.MethodType(_writer_reset, env)
+    assert writes_rows(env)
+    return env
+
+
+ENVS = {
+    "counting": lambda: CountingEnv(max_steps=7),
+    "pendulum": lambda: PendulumEnv(seed=0),
+    "cartpole-onehot": lambda: GymEnv("CartPole-v1"),
+    "cartpole-categorical": lambda: GymEnv("CartPole-v1", categorical_action_encoding=True),
+    "frozenlake": lambda: GymEnv("FrozenLake-v1"),
+    "text": lambda: TextEnv(max_steps=3),
+}
+
+
+def _random_policy(env):
+    # a policy (checked actions, TensorDicts in the loop) drawing its actions at random
+    return env.rand_action
+
+
+def _extra_key_policy(env):
+    # from step 3 on, the policy writes a key more: rows hand over to TensorDicts
+    calls = [0]
+
+    def policy(td):
+        calls[0] += 1
+        td = env.rand_action(td)
+        if calls[0] > 3:
+            td.set("extra", torch.ones(1))
+        return td
+
+    return policy
+
+
+CASES = {
+    "random-until-done": (150, None, {"break_when_any_done": True}),
+    "random-through-ends": (150, None, {"break_when_any_done": False}),
+    "random-1": (1, None, {"break_when_any_done": False}),
+    "random-2": (2, None, {"break_when_any_done": False}),
+    "policy-through-ends": (90, _random_policy, {"break_when_any_done": False}),
+    "policy-until-done": (90, _random_policy, {}),
+    "policy-extra-key": (40, _extra_key_policy, {"break_when_any_done": False}),
+}
+
+
+def _assert_same(a, b):
+    assert type(a) is type(b) and a.batch_size == b.batch_size and a.names == b.names
+    assert set(a.keys(True, True)) == set(b.keys(True, True))
+    for key in a.keys(True, True):
+        va, vb = a.get(key), b.get(key)
+        if not isinstance(va, torch.Tensor):
+            assert va.tolist() == vb.tolist(), key
+            continue
+        assert va.dtype == vb.dtype and va.shape == vb.shape, key
+        assert torch.equal(va, vb), key
+
+
+# where the overridden hooks must have had the steps kept in time rows (pendulum keeps
+# state at the root, the text env's data is no tensor: TensorDicts both ways)
+ROWS = {"counting", "cartpole-onehot", "cartpole-categorical", "frozenlake"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", list(ENVS))
+async def test_rollout_default_and_overridden_hooks_agree(name, case, monkeypatch):
+    from aenv.envs import _rollout
+
+    steps, make_policy, kwargs = CASES[case]
+    made: list[bool] = []
+    make = _rollout._TimeRows.make
+
+    def spy(*args, **kw):
+        rows = make(*args, **kw)
+        made.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(_rollout._TimeRows, "make", staticmethod(spy))
+    outs, rng, tails = [], [], []
+    for hooks in (_default_hooks, _overridden_hooks):
+        made.clear()
+        env = hooks(ENVS[name]())
+        await env.set_seed(3)
+        torch.manual_seed(3)
+        policy = make_policy(env) if make_policy is not None else None
+        outs.append(await env.rollout(steps, policy, **kwargs))
+        used = made == [True]
+        assert used == (hooks is _overridden_hooks and name in ROWS and steps > 1)
+        rng.append(torch.get_rng_state())
+        # the state the rollout left the env in: a further rollout, the default hooks on both
+        _default_hooks(env)
+        tails.append(await env.rollout(20, break_when_any_done=False))
+        await env.aclose()
+    _assert_same(*outs)
+    _assert_same(*tails)
+    assert torch.equal(*rng)
+    out = outs[0]
+    assert out.names[-1] == "time"
+    if kwargs.get("break_when_any_done", True):
+        assert not out["next", "done"][:-1].any()
+    elif name in ("counting", "cartpole-onehot", "frozenlake") and steps > 100:
+        assert out["next", "done"].sum() >= 2  # episode ends (and resets) inside
+
+
+async def test_rows_follow_a_given_tensordict_and_set_truncated():
+    outs = []
+    for hooks in (_default_hooks, _overridden_hooks):
+        env = hooks(GymEnv("CartPole-v1"))
+        torch.manual_seed(0)
+        td = await env.reset(seed=1)
+        outs.append(
+            await env.rollout(
+                50, auto_reset=False, tensordict=td, break_when_any_done=False, set_truncated=True
+            )
+        )
+    _assert_same(*outs)
+    assert outs[0]["next", "truncated"][-1].all() and outs[0]["next", "done"][-1].all()
+
+
+def test_which_hooks_write_rows_is_decided_by_one_rule():
+    env = CountingEnv()
+    assert not writes_rows(env)
+    assert writes_rows(GymEnv("CartPole-v1"))
+    gym = GymEnv("CartPole-v1")
+    _default_hooks(gym)  # an instance assignment counts
+    assert not writes_rows(gym)
+
+    class Replaced(GymEnv):  # a subclass replacing _step below the writer: the defaults
+        def _step(self, tensordict):
+            return super()._step(tensordict)
+
+    assert not writes_rows(Replaced("CartPole-v1"))
+
+
+async def test_random_rollout_actions_come_from_the_specs_draws():
+    # the rollout draws its actions a chunk of steps at a time, through the spec's rand
+    env = CountingEnv(max_steps=1000)
+    torch.manual_seed(5)
+    out = await env.rollout(40, break_when_any_done=False)
+    torch.manual_seed(5)
+    spec = env.full_action_spec["action"]
+    first = spec.rand((16,))
+    second = spec.rand((24,))
+    assert torch.equal(out["action"], torch.cat([first, second]))

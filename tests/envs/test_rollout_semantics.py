@@ -87,12 +87,14 @@ async def test_a_chained_rollout_resets_what_the_last_step_ended_and_nothing_mor
 
 async def test_a_gym_rollout_leaves_the_env_where_its_last_step_left_it():
     # CartPole from seed 0 with action 0 ends its episode at step 10: a rollout of exactly
-    # that many steps must not reset after it (the whole-rollout path and the generic
-    # loop alike), so the next rollout from its last step starts with a reset
+    # that many steps must not reset after it (time rows written by the env's hooks and
+    # TensorDicts from the default hooks alike), so the next rollout from its last step
+    # starts with a reset
     for generic in (False, True):
         env = GymEnv("CartPole-v1", categorical_action_encoding=True)
         if generic:
-            env._rollout_whole = EnvBase._rollout_whole.__get__(env)  # type: ignore[method-assign]
+            env._step_into = EnvBase._step_into.__get__(env)  # type: ignore[method-assign]
+            env._reset_into = EnvBase._reset_into.__get__(env)  # type: ignore[method-assign]
         resets = 0
         base_reset = env._env.reset
 

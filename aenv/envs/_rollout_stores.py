@@ -1,0 +1,481 @@
+"""The step stores of the rollout loop (:mod:`aenv.envs._rollout`): where a rollout keeps
+its steps, and the random actions it draws.
+
+- :class:`_TimeRows`, for an env whose hooks write straight into rows (a gymnasium env on its
+  plain path): buffers planned from the specs (:func:`~aenv.envs._rowplan.plan_rows`), one
+  row per time step. Step ``t`` reads row ``t`` of the inputs and writes row ``t`` of
+  ``"next"``; the reset after an episode's end writes the next input row
+  (:meth:`~aenv.EnvBase._reset_into`). No TensorDict is made per random step.
+- :class:`_TensorDicts`, for everything else (callbacks, partial steps, state kept at the
+  root, nested or non-tensor data): each step's TensorDict, stacked along the time dim a
+  chunk at a time (:class:`_StepStore`).
+
+Random actions are drawn through the action specs' own ``rand`` a chunk of steps at a time
+(:class:`_Draws`), the same way whichever store keeps the steps, so both give equal results.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+
+from aenv._mdp import any_true, fast_stack, put, unravel
+from aenv.envs._rowplan import STEP_GROUPS, plan_rows
+from aenv.exceptions import SpecViolationError
+
+if TYPE_CHECKING:
+    from aenv.envs._common import EnvBase
+
+__all__ = ["_Draws", "_Fallback", "_StepStore", "_TensorDicts", "_TimeRows", "_done_mask"]
+
+# random actions are drawn this many steps at a time at first, then twice as many each
+# chunk up to _DRAW_MAX (a rollout that stops at its first done draws few it does not use)
+_DRAW_MIN = 16
+_DRAW_MAX = 1024
+
+
+def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
+    """Per batch element: is any done flag (at any level) set? Shape ``td.batch_size``."""
+    out = torch.zeros(td.batch_size, dtype=torch.bool, device=td.device)
+    for key in env._done_flag_keys:
+        flag = td.get(key, None)
+        if flag is not None:
+            out = out | flag.reshape(*td.batch_size, -1).any(-1)
+    return out
+
+
+def _any_done(env: EnvBase, td: TensorDictBase) -> bool:
+    for key in env._done_flag_keys:
+        flag = td.get(key, None)
+        if flag is not None and any_true(flag):
+            return True
+    return False
+
+
+class _Draws:
+    """Random actions for a rollout, drawn through each action spec's own ``rand`` a chunk
+    of steps at a time (one call per key and chunk instead of one per key and step); the
+    same actions whichever store keeps the steps."""
+
+    def __init__(self, env: EnvBase, max_steps: int) -> None:
+        self.specs = [(key, spec) for key, spec, _ in env._action_checks]
+        self.left = max_steps
+        self.size = _DRAW_MIN
+        self.start = self.end = 0
+        self.rows: list[tuple[Any, tuple[torch.Tensor, ...]]] = []
+        self.current: dict[Any, torch.Tensor] = {}
+
+    @staticmethod
+    def make(env: EnvBase, td: TensorDictBase, max_steps: int) -> _Draws | None:
+        """The draws for ``env``, or None where ``env.rand_action`` must draw each step: an
+        env replacing it, masked actions (a mask may change from step to step), dynamic or
+        non-tensor action specs, an input with batch dims beyond the env's."""
+        from aenv.envs._common import EnvBase as Base
+
+        if type(env).rand_action is not Base.rand_action or env._extra_dims(td):
+            return None
+        for _, spec, tensorlike in env._action_checks:
+            if not tensorlike or getattr(spec, "mask", None) is not None or -1 in spec.shape:
+                return None
+        return _Draws(env, max_steps)
+
+    def chunk(self, t: int) -> dict[Any, torch.Tensor]:
+        """Draw the actions of steps ``t`` to ``t + k`` (k the chunk size): key -> ``(k, ...)``."""
+        k = min(self.size, self.left)
+        self.size = min(self.size * 2, _DRAW_MAX)
+        self.left -= k
+        self.start, self.end = t, t + k
+        self.current = {key: spec.rand((k,)) for key, spec in self.specs}
+        return self.current
+
+    def row(self, t: int) -> list[tuple[Any, torch.Tensor]]:
+        """Step ``t``'s actions (key, value), steps taken in order."""
+        if t >= self.end:
+            self.rows = [(key, value.unbind(0)) for key, value in self.chunk(t).items()]
+        i = t - self.start
+        return [(key, values[i]) for key, values in self.rows]
+
+
+class _TensorDicts:
+    """Steps kept as TensorDicts (the input with its ``"next"``, a :class:`_StepStore`)."""
+
+    def __init__(
+        self,
+        env: EnvBase,
+        contiguous: bool,
+        plain: bool,
+        random: bool,
+        draws: _Draws | None,
+        callback: Callable[..., Any] | None,
+        cast: bool,
+    ) -> None:
+        self.env = env
+        self.contiguous = contiguous
+        self.plain = plain
+        self.draws = draws
+        self.callback = callback
+        self.cast = cast
+        # actions drawn from the action specs (by the draws or EnvBase.rand_action) pass
+        # the action checks by construction: only a policy's, or another rand_action's,
+        # are checked
+        from aenv.envs._common import EnvBase as Base
+
+        self.check = not random or type(env).rand_action is not Base.rand_action
+        self.steps = _StepStore(contiguous)
+        self.stash: TensorDictBase | None = None
+
+    @property
+    def count(self) -> int:
+        return self.steps.count
+
+    def act(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        """Step ``t``'s random actions, written into ``td``."""
+        draws = self.draws
+        if draws is None:
+            return self.env.rand_action(td)
+        for key, value in draws.row(t):
+            if type(key) is str:
+                put(td, key, value)
+            else:
+                td.set(key, value)
+        return td
+
+    async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
+        env = self.env
+        if self.cast:
+            td = td.to(env.device)  # type: ignore[arg-type]
+        check = self.check
+        if reset:
+            if self.plain:
+                td = await env._step_checked(td, check)
+                nxt = await env._reset_into(td, None)
+                assert not isinstance(nxt, bool)
+            else:
+                td, nxt = await env.step_and_maybe_reset(td)
+            self.stash = nxt
+        else:
+            td = await (env._step_checked(td, check) if self.plain else env.step(td))
+            td.pop("_step", None)
+        self.steps.append(td)
+        if self.callback is not None:
+            res = self.callback(env, td)
+            if inspect.isawaitable(res):
+                await res
+        return td, False if reset else _any_done(env, td.get("next"))
+
+    def advance(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        """The next step's input: what ``step_and_maybe_reset`` gave, or ``step_mdp``."""
+        if self.stash is not None:
+            nxt, self.stash = self.stash, None
+            return nxt
+        return self.env._step_mdp(td)
+
+    async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        return self.advance(td, t)  # (step_and_maybe_reset reset what the step ended)
+
+    def set_truncated(self) -> None:
+        """Mark the last step truncated (and done) wherever the done spec has the entries."""
+        last = self.steps.pending[-1].get("next")
+        for key in self.env.done_keys:
+            if unravel(key)[-1] in ("truncated", "done"):
+                last.set(key, torch.ones_like(last.get(key)))
+
+    def finish(self) -> TensorDictBase:
+        return self.steps.finish()
+
+
+class _StepStore:
+    """Steps stacked along a new trailing dim in chunks as they come, so a long rollout
+    keeps few live objects (the garbage collector's cost grows with them); the newest step
+    stays unstacked, so it can still be edited (``set_truncated``). Steps whose shapes vary
+    (dynamic specs) end up in a lazy stack, as do all steps when ``contiguous`` is False."""
+
+    CHUNK = 256
+
+    def __init__(self, contiguous: bool) -> None:
+        self.contiguous = contiguous
+        self.pending: list[TensorDictBase] = []
+        self.chunks: list[TensorDictBase] = []
+        self.dim = 0
+        self.count = 0
+
+    def append(self, td: TensorDictBase) -> None:
+        if not self.count:
+            self.dim = td.batch_dims
+        self.count += 1
+        self.pending.append(td)
+        if self.contiguous and len(self.pending) > self.CHUNK:
+            head = self.pending[: self.CHUNK]
+            try:
+                self.chunks.append(_stack(head, self.dim))
+            except RuntimeError:
+                self._go_lazy()
+                return
+            del self.pending[: self.CHUNK]
+
+    def _go_lazy(self) -> None:
+        self.contiguous = False
+        unbound = [t for chunk in self.chunks for t in chunk.unbind(self.dim)]
+        self.pending = unbound + self.pending
+        self.chunks = []
+
+    def finish(self) -> TensorDictBase:
+        if self.contiguous:
+            try:
+                tail = _stack(self.pending, self.dim)
+                if not self.chunks:
+                    return tail
+                return torch.cat([*self.chunks, tail], self.dim)  # type: ignore[arg-type, return-value]
+            except RuntimeError:
+                self._go_lazy()
+        return LazyStackedTensorDict.lazy_stack(self.pending, dim=self.dim)
+
+
+def _stack(tds: list[TensorDictBase], dim: int) -> TensorDictBase:
+    out = fast_stack(tds, dim)
+    if out is None:
+        return torch.stack(tds, dim)  # type: ignore[arg-type, return-value]
+    return out
+
+
+class _Fallback(Exception):
+    """A step the time rows cannot hold (its input holds other keys): TensorDicts take over."""
+
+
+class _TimeRows:
+    """Steps written into buffers planned from the specs, one row per time step.
+
+    For an unbatched env whose step hooks write rows (:func:`~aenv.envs._rowplan.writes_rows`)
+    and whose step inputs hold just what ``step_mdp`` carries from a step's outputs (no
+    state kept at the root, no policy extras) and the actions. What ``step_mdp`` carries
+    (observations, done flags) lives in one ``(T + 1,)`` buffer: row ``t`` is step ``t``'s
+    input, row ``t + 1`` its ``"next"``, which is also step ``t + 1``'s input: carrying costs
+    nothing. Rewards get a ``(T,)`` buffer of their own; so do random actions (a policy's
+    inputs are TensorDicts of row views, kept as they come).
+
+    Step ``t`` runs ``env._step_into(inputs, out, t)``: the env reads row ``t`` of the inputs
+    (or the policy's TensorDict) and writes row ``t`` of ``out`` (an env handing a
+    TensorDict back has it copied in). After an episode's end, the ``"next"`` row is kept
+    aside and ``env._reset_into(buffer, out, t)`` writes the reset into the shared row.
+    """
+
+    BLOCK = 256  # a policy's inputs: row views made a block at a time
+
+    def __init__(
+        self,
+        env: EnvBase,
+        first: TensorDictBase,
+        carried: list[str],
+        actions: list[str],
+        shared: dict[str, torch.Tensor],
+        rewards: dict[str, torch.Tensor],
+        draws: _Draws | None,
+    ) -> None:
+        steps = next(iter(rewards.values())).shape[0]
+        self.env = env
+        self.carried = carried
+        self.actions = actions
+        self.shared = shared
+        self.rewards = rewards
+        self.draws = draws
+        self.count = 0
+        self.truncate = False
+        self.saved: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        size, dev = torch.Size((steps,)), first.device
+
+        def td(entries: dict[str, Any]) -> TensorDictBase:
+            return TensorDict._new_unsafe(entries, size, dev, nested=False)  # type: ignore[arg-type]
+
+        after = {key: shared[key][1:] for key in carried}
+        self.out = td({**after, **rewards})  # a step's "next" rows
+        self.reset_out = td(after)  # a reset's rows (row t: step t + 1's input)
+        self.root_keys = frozenset((*carried, *actions))
+        self.order = list(first.keys())
+        if draws is not None:
+            self.action_rows = {
+                key: spec.zero((steps,))
+                for key, spec in draws.specs  # type: ignore[misc]
+            }
+            for key in actions:
+                self.action_rows[key][0] = first.get(key)
+                rest = draws.current[key][1:]
+                self.action_rows[key][1 : 1 + rest.shape[0]] = rest
+            before = {key: shared[key][:-1] for key in carried}
+            self.inputs: TensorDictBase | None = td({**before, **self.action_rows})
+            self.buffer: TensorDictBase | None = td(
+                {**before, **self.action_rows, "next": self.out}
+            )
+            self.roots: _StepStore | None = None
+        else:
+            self.inputs = self.buffer = None
+            self.roots = _StepStore(True)
+            self.views: dict[str, tuple[torch.Tensor, ...]] = {}
+            self.view_start = self.view_end = 0
+
+    @staticmethod
+    def make(
+        env: EnvBase, td: TensorDictBase, max_steps: int, draws: _Draws | None, policy: bool
+    ) -> _TimeRows | None:
+        """Rows for a rollout of ``env`` whose first input (its actions taken) is ``td``, or
+        None where they do not apply (see the class)."""
+        if (draws is None) != policy or type(td) is not TensorDict or td.batch_size:
+            return None
+        if env.state_keys or any(type(k) is not str for k in env.action_keys):
+            return None
+        planned = plan_rows(env, STEP_GROUPS, max_steps + 1)
+        if planned is None:
+            return None
+        reward_keys = {unravel(k)[-1] for k in env.reward_keys}
+        actions: list[str] = list(env.action_keys)  # type: ignore[arg-type]
+        entries = planned._tensordict
+        carried = [key for key in entries if key not in reward_keys]
+        given = td._tensordict
+        if set(given) != {*carried, *actions}:
+            return None  # the input holds more (or less) than a step's outputs carry
+        for key in carried:
+            first, dst = given[key], entries[key]
+            if (
+                type(first) is not torch.Tensor
+                or first.shape != dst.shape[1:]
+                or first.dtype != dst.dtype
+                or first.device != dst.device
+            ):
+                return None
+        try:
+            for leaf in entries.values():
+                leaf.numpy()  # (a dtype numpy lacks: no rows)
+        except TypeError:
+            return None
+        shared = {key: entries[key] for key in carried}
+        for key in carried:
+            shared[key][0] = given[key]
+        rewards = {key: entries[key][:-1] for key in entries if key in reward_keys}
+        if not rewards:
+            return None
+        return _TimeRows(env, td, carried, actions, shared, rewards, draws)
+
+    def act(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        draws = self.draws
+        assert draws is not None
+        if t >= draws.end:
+            drawn = draws.chunk(t)
+            for key, leaf in self.action_rows.items():
+                leaf[t : draws.end] = drawn[key]
+        return td
+
+    async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
+        env = self.env
+        if env._closed:
+            env._check_open()
+        if self.inputs is not None:
+            out = await env._step_into(self.inputs, self.out, t)
+        else:
+            if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
+                raise _Fallback
+            env._check_actions(td)
+            out = await env._step_into(td, self.out, t)
+            self.roots.append(td)  # type: ignore[union-attr]
+        self.count = t + 1
+        if type(out) is not bool:
+            out = _fill(self.out, t, out, "step")  # type: ignore[arg-type]
+        return td, out
+
+    async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        """After step ``t`` ended an episode: the reset written into the shared row (the
+        step's ``"next"`` row kept aside first), then the next input."""
+        self.saved[t] = [(key, leaf[t + 1].clone()) for key, leaf in self.shared.items()]
+        stepped = self.buffer if self.buffer is not None else td.copy().set("next", self.out[t])
+        out = await self.env._reset_into(stepped, self.reset_out, t)
+        if out is not True:
+            assert not isinstance(out, bool)
+            _fill(self.reset_out, t, out, "reset")
+        return self.advance(td, t)
+
+    def advance(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        """The next step's input: the shared row (a policy's: a TensorDict of its views)."""
+        if self.buffer is not None:
+            return td
+        # a policy's next input: views of the shared row (made a block at a time)
+        row = t + 1
+        if row >= self.view_end:
+            self.view_start, self.view_end = row, row + self.BLOCK
+            self.views = {
+                key: leaf[row : self.view_end].unbind(0) for key, leaf in self.shared.items()
+            }
+        i = row - self.view_start
+        return TensorDict._new_unsafe(
+            {key: self.views[key][i] for key in self.carried},
+            td.batch_size,
+            td.device,  # type: ignore[arg-type]
+            nested=False,
+        )
+
+    def set_truncated(self) -> None:
+        """Mark the last step truncated (and done)."""
+        self.truncate = True
+
+    def _next(self) -> TensorDictBase:
+        n = self.count
+        entries = {}
+        for key in self.out.keys():
+            if key in self.rewards:
+                entries[key] = self.rewards[key][:n]
+            else:
+                entries[key] = self.shared[key][1 : n + 1].clone()
+        for t, saved in self.saved.items():
+            if t < n:
+                for key, value in saved:
+                    entries[key][t] = value
+        if self.truncate:
+            for key in self.env.done_keys:
+                if unravel(key)[-1] in ("truncated", "done"):
+                    entries[key][n - 1] = True  # type: ignore[index]
+        return TensorDict._new_unsafe(entries, torch.Size((n,)), self.out.device, nested=False)  # type: ignore[arg-type]
+
+    def finish(self) -> TensorDictBase:
+        nxt = self._next()
+        n = self.count
+        if self.roots is not None:
+            root = self.roots.finish()
+            root.set("next", nxt)
+            return root
+        values = {**{k: v[:n] for k, v in self.shared.items()}, **self.action_rows}
+        entries = {key: values[key][:n] for key in self.order}
+        entries["next"] = nxt
+        return TensorDict._new_unsafe(entries, torch.Size((n,)), nxt.device, nested=False)  # type: ignore[arg-type]
+
+    def fallback(self) -> _TensorDicts:
+        """TensorDicts holding the steps so far, to go on with (a policy's step whose input
+        the rows cannot hold)."""
+        env = self.env
+        store = _TensorDicts(env, True, True, False, None, None, False)
+        if self.count:
+            for step in self.finish().unbind(0):
+                store.steps.append(step)
+        return store
+
+
+def _fill(rows: TensorDictBase, t: int, td: TensorDictBase, what: str) -> bool:
+    """Copy ``td`` (a step's ``"next"`` or a reset's outputs) into row ``t`` of ``rows``;
+    returns whether it ended an episode (its root ``"done"``)."""
+    entries = rows._tensordict
+    for key, dst in entries.items():
+        value = td.get(key, None)
+        if (
+            type(value) is not torch.Tensor
+            or value.shape != dst.shape[1:]
+            or (value.dtype != dst.dtype)
+        ):
+            got = "nothing" if value is None else f"{type(value).__name__} {value!r}"
+            raise SpecViolationError(
+                f"the env's {what} gave {got} for {key!r}; expected a tensor of shape "
+                f"{tuple(dst.shape[1:])} and dtype {dst.dtype}, as its spec says",
+                key=key,
+            )
+        dst[t] = value
+    done = entries.get("done")
+    return done is not None and bool(done[t].any())
