@@ -5,7 +5,14 @@ imports a concrete backend: it looks one up by name in :data:`BACKENDS` (``"modu
 strings, imported on first use), so a backend with an optional dependency costs nothing
 until it is asked for, and a new one plugs in by adding one line here.
 
-The contract, in full:
+The contract, in full. Required: :meth:`~Backend.start`, :meth:`~Backend.submit`,
+:meth:`~Backend.replace`, :meth:`~Backend.aclose`; with defaults: :meth:`~Backend.cancel`,
+:meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process backends only). A backend
+that implements just these (the thread and Ray backends) gets every pool feature: whole-batch,
+streamed and per-env calls, fault policies, timeouts and cancellation all go through
+``submit`` and the pool's tickets. The rest is optional speed: ``run_batch`` (one message per
+worker for a whole-batch call) and the stacked family (a whole batch's inputs and results in
+preallocated rows); failures on those paths go through the same restart as a ticket's.
 
 ``start(env_fns) -> list[EnvMetaData]``
     Called once, synchronously, by the pool's constructor. Builds env ``i`` by calling
