@@ -16,6 +16,7 @@ from aenv._mdp import unravel
 from aenv.collectors._lockstep import LockstepEngine
 from aenv.collectors._progress import Progress, make_progress
 from aenv.collectors._streaming import StreamingEngine
+from aenv.collectors._trajs import OutOfFrames, TrajectoryBatcher
 from aenv.collectors._utils import (
     Interruptor,
     TrajCounter,
@@ -105,6 +106,14 @@ class Collector:
             serve one request at a time (LLM calls). Either way the policy calls run
             concurrently: a slow call delays only the envs it acts for.
         progress: show a progress bar of frames and frames/s (True, "tqdm" or "rich").
+        trajs_per_batch: hand out batches of this many complete trajectories (ended by
+            ``("next", "done")``) instead of fixed-frame batches; trajectories spanning
+            collected batches are joined. ``frames_per_batch`` is then how much is
+            collected at a time.
+        traj_format: with ``trajs_per_batch``: ``"padded"`` (default, ``[N, longest]``
+            with a ``("collector", "mask")``) or ``"cat"`` (``[sum of lengths]``).
+        no_grad: run the policy with autograd off (default, as TorchRL does), so batches
+            hold no graph; False keeps the caller's grad mode.
 
     Example:
         >>> from aenv.testing import CountingEnv
@@ -149,6 +158,9 @@ class Collector:
         max_wait: float | None = None,
         per_env_policy: bool = False,
         progress: bool | str = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        no_grad: bool = True,
     ) -> None:
         if frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be >= 1, got {frames_per_batch}")
@@ -183,6 +195,14 @@ class Collector:
         self._progress: Progress | None = None
         self._same_td: TensorDictBase | None = None
         self._closed = False
+        self.no_grad = no_grad
+        if traj_format is not None and trajs_per_batch is None:
+            raise ValueError("traj_format needs trajs_per_batch")
+        self.trajs_per_batch = trajs_per_batch
+        self.traj_format = traj_format or "padded"
+        self._trajs = (
+            None if trajs_per_batch is None else TrajectoryBatcher(trajs_per_batch, traj_format)
+        )
 
         env = self._make_env(create_env_fn, create_env_kwargs)
         if streaming is None:
@@ -313,7 +333,11 @@ class Collector:
         dev = self.policy_device
         if dev is not None and td.device != dev:
             td = td.to(dev)
-        with set_exploration_type(self.exploration_type):
+        # the policy's graph is not kept in the batches (TorchRL collects under no_grad)
+        with (
+            set_exploration_type(self.exploration_type),
+            torch.set_grad_enabled(torch.is_grad_enabled() and not self.no_grad),
+        ):
             td = await call_policy(self._run_policy, td)
         env_dev = self.env_device
         if env_dev is not None and td.device != env_dev:
@@ -341,8 +365,11 @@ class Collector:
         """
         self._progress = make_progress(self._progress_kind, self.total_frames)
         try:
-            while self.total_frames < 0 or self._frames < self.total_frames:
-                out = await self._next_batch()
+            while self._more():
+                try:
+                    out = await self._next_batch()
+                except OutOfFrames:
+                    break
                 if self._progress is not None:
                     self._progress.update(self._last_numel)
                 yield out
@@ -352,10 +379,24 @@ class Collector:
                 self._progress.close()
                 self._progress = None
 
+    def _more(self) -> bool:
+        """Whether frames remain to collect (always, for an endless collector)."""
+        return self.total_frames < 0 or self._frames < self.total_frames
+
     async def _next_batch(self) -> TensorDictBase | None:
         out = await self.rollout()
         self._last_numel = out.numel()
         owned = self._engine.owns(out)
+        trajs = self._trajs
+        if trajs is not None:  # whole trajectories: collect until enough are complete
+            trajs.add(out)
+            while not trajs.ready() and self._more():
+                more = await self.rollout()
+                self._last_numel += more.numel()
+                trajs.add(more)
+            if not trajs.num_complete:  # total_frames ran out mid-trajectory
+                raise OutOfFrames
+            out, owned = trajs.pop(), False
         if self.split_trajs:
             out = split_trajectories(out, prefix="collector")
             owned = False
@@ -390,6 +431,8 @@ class Collector:
         env starts a new trajectory."""
         self._check_open()
         await self._engine.reset(index)
+        if self._trajs is not None:  # reset envs start new trajectories
+            self._trajs.clear()
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (env ``i`` of a pool gets ``seed + i``); returns the last env's seed."""
