@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 from aenv._mdp import unravel
 from aenv.collectors._lockstep import LockstepEngine
 from aenv.collectors._progress import Progress, make_progress
+from aenv.collectors._state import CollectorState
 from aenv.collectors._streaming import StreamingEngine
 from aenv.collectors._trajs import OutOfFrames, TrajectoryBatcher
 from aenv.collectors._utils import (
@@ -51,7 +51,7 @@ def _has_dynamic_specs(env: EnvBase) -> bool:
     return False
 
 
-class Collector:
+class Collector(CollectorState):
     """Collects batches of frames with a policy: ``async for batch in Collector(...)``.
 
     On a single (possibly batched) env the collector steps every env in lockstep, as the
@@ -379,24 +379,33 @@ class Collector:
                 self._progress.close()
                 self._progress = None
 
-    def _more(self) -> bool:
-        """Whether frames remain to collect (always, for an endless collector)."""
+    def _frames_left(self) -> bool:
         return self.total_frames < 0 or self._frames < self.total_frames
 
-    async def _next_batch(self) -> TensorDictBase | None:
-        out = await self.rollout()
-        self._last_numel = out.numel()
-        owned = self._engine.owns(out)
+    def _more(self) -> bool:
+        """Whether another batch can come: frames remain to collect (always, for an endless
+        collector), or enough whole trajectories are waiting."""
+        return self._frames_left() or (self._trajs is not None and self._trajs.ready())
+
+    async def _collect(self) -> tuple[TensorDictBase, bool]:
+        """The next batch of frames, or of whole trajectories (with ``trajs_per_batch``:
+        collected until enough are complete), and whether the engine owns it."""
         trajs = self._trajs
-        if trajs is not None:  # whole trajectories: collect until enough are complete
-            trajs.add(out)
-            while not trajs.ready() and self._more():
-                more = await self.rollout()
-                self._last_numel += more.numel()
-                trajs.add(more)
-            if not trajs.num_complete:  # total_frames ran out mid-trajectory
-                raise OutOfFrames
-            out, owned = trajs.pop(), False
+        if trajs is None:
+            out = await self.rollout()
+            self._last_numel = out.numel()
+            return out, self._engine.owns(out)
+        self._last_numel = 0
+        while not trajs.ready() and self._frames_left():
+            more = await self.rollout()
+            self._last_numel += more.numel()
+            trajs.add(more)
+        if not trajs.ready():  # as TorchRL: fewer than trajs_per_batch are never handed out
+            raise OutOfFrames
+        return trajs.pop(), False
+
+    async def _next_batch(self) -> TensorDictBase | None:
+        out, owned = await self._collect()
         if self.split_trajs:
             out = split_trajectories(out, prefix="collector")
             owned = False
@@ -441,49 +450,6 @@ class Collector:
         if static_seed or nxt is None:
             return seed
         return int(nxt) - 1
-
-    def state_dict(self) -> OrderedDict[str, Any]:
-        """The policy's and env's state, and the collector's counters."""
-        out: OrderedDict[str, Any] = OrderedDict()
-        env_sd = getattr(self.env, "state_dict", None)
-        if callable(env_sd):
-            out["env_state_dict"] = env_sd()
-        policy = self.policy
-        if isinstance(policy, torch.nn.Module):
-            out["policy_state_dict"] = policy.state_dict()
-        out["frames"] = self._frames
-        out["iter"] = self._iter
-        out["traj_id"] = self.traj_counter.next_id
-        return out
-
-    def load_state_dict(self, state_dict: dict[str, Any], **kwargs: Any) -> None:
-        """Restore what :meth:`state_dict` returned (policy, env, counters)."""
-        if "env_state_dict" in state_dict:
-            self.env.load_state_dict(state_dict["env_state_dict"], **kwargs)  # type: ignore[attr-defined]
-        if "policy_state_dict" in state_dict:
-            if not isinstance(self.policy, torch.nn.Module):
-                raise RuntimeError("the state dict holds policy weights but the policy has none")
-            self.policy.load_state_dict(state_dict["policy_state_dict"], **kwargs)
-        self._frames = int(state_dict.get("frames", self._frames))
-        self._iter = int(state_dict.get("iter", self._iter))
-        self.traj_counter.next_id = max(
-            int(state_dict.get("traj_id", self.traj_counter.next_id)), self.traj_counter.next_id
-        )
-
-    def update_policy_weights_(self, policy_weights: TensorDictBase | None = None) -> None:
-        """Copy weights into the policy the collector runs: ``policy_weights`` when given,
-        else those of the policy passed in (when the collector runs a copy of it)."""
-        target = self._policy_weights
-        if target is None:
-            if policy_weights is not None:
-                raise RuntimeError("the collector's policy has no weights to update")
-            return
-        if policy_weights is None:
-            orig = self._orig_policy
-            if not isinstance(orig, torch.nn.Module) or orig is self.policy:
-                return
-            policy_weights = TensorDict.from_module(orig)
-        target.data.update_(policy_weights.data)
 
     def shutdown(self) -> None:
         """Close the env (or pool) and stop collecting, from sync code (TorchRL's name);

@@ -99,9 +99,11 @@ class TrajectoryBatcher:
         self._complete.clear()
 
     def pop(self) -> TensorDictBase:
-        """The next ``trajs_per_batch`` complete trajectories (fewer if fewer are there)."""
-        if not self._complete:
-            raise ValueError("no complete trajectory to hand out")
+        """The next ``trajs_per_batch`` complete trajectories."""
+        if not self.ready():
+            raise ValueError(
+                f"{len(self._complete)} complete trajectories, {self.trajs_per_batch} needed"
+            )
         trajs = self._complete[: self.trajs_per_batch]
         del self._complete[: self.trajs_per_batch]
         if self.traj_format == "cat":

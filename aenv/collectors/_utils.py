@@ -176,13 +176,12 @@ def split_trajectories(
     n_traj, longest = uniq.numel(), int(counts.max())
     if as_nested is not False:
         layout = torch.strided if as_nested is True else as_nested
-        pieces = flat[order].split(counts.tolist(), 0)
-        mask_parts = [torch.ones(int(c), dtype=torch.bool, device=ids.device) for c in counts]
+        ordered = flat[order]
+        ordered.set((prefix, "mask"), torch.ones(ids.numel(), dtype=torch.bool, device=ids.device))
+        pieces = ordered.split(counts.tolist(), 0)
         with warnings.catch_warnings():  # torch's "prototype stage" note on strided nesting
             warnings.filterwarnings("ignore", "The PyTorch API of nested tensors")
-            nested = TensorDict.lazy_stack(list(pieces), 0).densify(layout=layout)
-            nested.set((prefix, "mask"), torch.nested.nested_tensor(mask_parts, layout=layout))
-        return nested
+            return TensorDict.lazy_stack(list(pieces), 0).densify(layout=layout)
     out: TensorDictBase = torch.zeros_like(flat[:1]).expand(n_traj, longest).clone()  # type: ignore[assignment]
     out[rows, cols] = flat[order]
     mask = torch.zeros(n_traj, longest, dtype=torch.bool, device=ids.device)

@@ -136,6 +136,11 @@ class ParallelEnv(_Restartable, _ParallelEnv):
             num_workers, fns, create_env_kwargs, start_method=start, **_torchrl_kwargs(kwargs)
         )
 
+    @property
+    def mp_start_method(self) -> str:
+        """How the worker processes were started (``"fork"``, ``"forkserver"``, ``"spawn"``)."""
+        return self.env._backend.start_method  # type: ignore[no-any-return]
+
 
 def _torchrl_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """TorchRL's batched-env keyword arguments that have no aenv meaning, dropped; the rest
