@@ -24,7 +24,7 @@ from aenv.libs.gym import GymWrapper as _AsyncGymWrapper
 from aenv.specs import Composite
 from aenv.sync._facades import SyncEnv
 from aenv.sync._runner import get_runner
-from aenv.transforms import Transform
+from aenv.transforms import Compose, Transform
 from aenv.transforms._env import TransformedEnv as _AsyncTransformedEnv
 from aenv.transforms._env import _TransformedEnvMeta
 
@@ -255,7 +255,7 @@ class TransformedEnv(SyncVerbs, _AsyncTransformedEnv, metaclass=_SyncTransformed
 
     def __init__(self, env: Any, transform: Transform | None = None, *args: Any, **kw: Any):
         super().__init__(env, transform, *args, **kw)
-        if isinstance(transform, Transform) and not hasattr(transform, "append"):
+        if isinstance(transform, Transform) and not isinstance(transform, Compose):
             self.__dict__["_single_transform"] = transform
 
 
