@@ -31,6 +31,7 @@ RANKS = {
     "agents": 6,
     "record": 6,
     "llm": 7,
+    "torchrl": 8,  # TorchRL's names with sync behaviour, over everything below
     # the top: the package's own surface and the demo
     "__init__": 9,
     "__main__": 9,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -15,7 +14,9 @@ from tensordict import TensorDict, TensorDictBase
 from aenv._mdp import unravel
 from aenv.collectors._lockstep import LockstepEngine
 from aenv.collectors._progress import Progress, make_progress
+from aenv.collectors._state import CollectorState
 from aenv.collectors._streaming import StreamingEngine
+from aenv.collectors._trajs import OutOfFrames, TrajectoryBatcher
 from aenv.collectors._utils import (
     Interruptor,
     TrajCounter,
@@ -50,7 +51,7 @@ def _has_dynamic_specs(env: EnvBase) -> bool:
     return False
 
 
-class Collector:
+class Collector(CollectorState):
     """Collects batches of frames with a policy: ``async for batch in Collector(...)``.
 
     On a single (possibly batched) env the collector steps every env in lockstep, as the
@@ -105,6 +106,14 @@ class Collector:
             serve one request at a time (LLM calls). Either way the policy calls run
             concurrently: a slow call delays only the envs it acts for.
         progress: show a progress bar of frames and frames/s (True, "tqdm" or "rich").
+        trajs_per_batch: hand out batches of this many complete trajectories (ended by
+            ``("next", "done")``) instead of fixed-frame batches; trajectories spanning
+            collected batches are joined. ``frames_per_batch`` is then how much is
+            collected at a time.
+        traj_format: with ``trajs_per_batch``: ``"padded"`` (default, ``[N, longest]``
+            with a ``("collector", "mask")``) or ``"cat"`` (``[sum of lengths]``).
+        no_grad: run the policy with autograd off (default, as TorchRL does), so batches
+            hold no graph; False keeps the caller's grad mode.
 
     Example:
         >>> from aenv.testing import CountingEnv
@@ -149,6 +158,9 @@ class Collector:
         max_wait: float | None = None,
         per_env_policy: bool = False,
         progress: bool | str = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        no_grad: bool = True,
     ) -> None:
         if frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be >= 1, got {frames_per_batch}")
@@ -183,6 +195,14 @@ class Collector:
         self._progress: Progress | None = None
         self._same_td: TensorDictBase | None = None
         self._closed = False
+        self.no_grad = no_grad
+        if traj_format is not None and trajs_per_batch is None:
+            raise ValueError("traj_format needs trajs_per_batch")
+        self.trajs_per_batch = trajs_per_batch
+        self.traj_format = traj_format or "padded"
+        self._trajs = (
+            None if trajs_per_batch is None else TrajectoryBatcher(trajs_per_batch, traj_format)
+        )
 
         env = self._make_env(create_env_fn, create_env_kwargs)
         if streaming is None:
@@ -313,7 +333,11 @@ class Collector:
         dev = self.policy_device
         if dev is not None and td.device != dev:
             td = td.to(dev)
-        with set_exploration_type(self.exploration_type):
+        # the policy's graph is not kept in the batches (TorchRL collects under no_grad)
+        with (
+            set_exploration_type(self.exploration_type),
+            torch.set_grad_enabled(torch.is_grad_enabled() and not self.no_grad),
+        ):
             td = await call_policy(self._run_policy, td)
         env_dev = self.env_device
         if env_dev is not None and td.device != env_dev:
@@ -341,8 +365,11 @@ class Collector:
         """
         self._progress = make_progress(self._progress_kind, self.total_frames)
         try:
-            while self.total_frames < 0 or self._frames < self.total_frames:
-                out = await self._next_batch()
+            while self._more():
+                try:
+                    out = await self._next_batch()
+                except OutOfFrames:
+                    break
                 if self._progress is not None:
                     self._progress.update(self._last_numel)
                 yield out
@@ -352,10 +379,33 @@ class Collector:
                 self._progress.close()
                 self._progress = None
 
+    def _frames_left(self) -> bool:
+        return self.total_frames < 0 or self._frames < self.total_frames
+
+    def _more(self) -> bool:
+        """Whether another batch can come: frames remain to collect (always, for an endless
+        collector), or enough whole trajectories are waiting."""
+        return self._frames_left() or (self._trajs is not None and self._trajs.ready())
+
+    async def _collect(self) -> tuple[TensorDictBase, bool]:
+        """The next batch of frames, or of whole trajectories (with ``trajs_per_batch``:
+        collected until enough are complete), and whether the engine owns it."""
+        trajs = self._trajs
+        if trajs is None:
+            out = await self.rollout()
+            self._last_numel = out.numel()
+            return out, self._engine.owns(out)
+        self._last_numel = 0
+        while not trajs.ready() and self._frames_left():
+            more = await self.rollout()
+            self._last_numel += more.numel()
+            trajs.add(more)
+        if not trajs.ready():  # as TorchRL: fewer than trajs_per_batch are never handed out
+            raise OutOfFrames
+        return trajs.pop(), False
+
     async def _next_batch(self) -> TensorDictBase | None:
-        out = await self.rollout()
-        self._last_numel = out.numel()
-        owned = self._engine.owns(out)
+        out, owned = await self._collect()
         if self.split_trajs:
             out = split_trajectories(out, prefix="collector")
             owned = False
@@ -390,6 +440,8 @@ class Collector:
         env starts a new trajectory."""
         self._check_open()
         await self._engine.reset(index)
+        if self._trajs is not None:  # reset envs start new trajectories
+            self._trajs.clear()
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (env ``i`` of a pool gets ``seed + i``); returns the last env's seed."""
@@ -398,49 +450,6 @@ class Collector:
         if static_seed or nxt is None:
             return seed
         return int(nxt) - 1
-
-    def state_dict(self) -> OrderedDict[str, Any]:
-        """The policy's and env's state, and the collector's counters."""
-        out: OrderedDict[str, Any] = OrderedDict()
-        env_sd = getattr(self.env, "state_dict", None)
-        if callable(env_sd):
-            out["env_state_dict"] = env_sd()
-        policy = self.policy
-        if isinstance(policy, torch.nn.Module):
-            out["policy_state_dict"] = policy.state_dict()
-        out["frames"] = self._frames
-        out["iter"] = self._iter
-        out["traj_id"] = self.traj_counter.next_id
-        return out
-
-    def load_state_dict(self, state_dict: dict[str, Any], **kwargs: Any) -> None:
-        """Restore what :meth:`state_dict` returned (policy, env, counters)."""
-        if "env_state_dict" in state_dict:
-            self.env.load_state_dict(state_dict["env_state_dict"], **kwargs)  # type: ignore[attr-defined]
-        if "policy_state_dict" in state_dict:
-            if not isinstance(self.policy, torch.nn.Module):
-                raise RuntimeError("the state dict holds policy weights but the policy has none")
-            self.policy.load_state_dict(state_dict["policy_state_dict"], **kwargs)
-        self._frames = int(state_dict.get("frames", self._frames))
-        self._iter = int(state_dict.get("iter", self._iter))
-        self.traj_counter.next_id = max(
-            int(state_dict.get("traj_id", self.traj_counter.next_id)), self.traj_counter.next_id
-        )
-
-    def update_policy_weights_(self, policy_weights: TensorDictBase | None = None) -> None:
-        """Copy weights into the policy the collector runs: ``policy_weights`` when given,
-        else those of the policy passed in (when the collector runs a copy of it)."""
-        target = self._policy_weights
-        if target is None:
-            if policy_weights is not None:
-                raise RuntimeError("the collector's policy has no weights to update")
-            return
-        if policy_weights is None:
-            orig = self._orig_policy
-            if not isinstance(orig, torch.nn.Module) or orig is self.policy:
-                return
-            policy_weights = TensorDict.from_module(orig)
-        target.data.update_(policy_weights.data)
 
     def shutdown(self) -> None:
         """Close the env (or pool) and stop collecting, from sync code (TorchRL's name);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -11,6 +12,7 @@ from tensordict import TensorDictBase
 
 from aenv.collectors._collector import Collector, DeviceLike
 from aenv.collectors._progress import make_progress
+from aenv.collectors._trajs import OutOfFrames
 from aenv.collectors._utils import Interruptor
 from aenv.envs._utils import ExplorationType
 from aenv.sync._runner import Runner, get_runner
@@ -71,6 +73,9 @@ class SyncDataCollector:
         min_batch: int = 1,
         max_wait: float | None = None,
         progress: bool | str = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        no_grad: bool = True,
         runner: Runner | None = None,
     ) -> None:
         kwargs = dict(locals())
@@ -107,8 +112,11 @@ class SyncDataCollector:
         c = self.collector
         progress = make_progress(c._progress_kind, c.total_frames)
         try:
-            while c.total_frames < 0 or c._frames < c.total_frames:
-                out = self._run(c._next_batch)
+            while c._more():
+                try:
+                    out = self._run(c._next_batch)
+                except OutOfFrames:
+                    break
                 if progress is not None:
                     progress.update(c._last_numel)
                 yield out
@@ -149,6 +157,42 @@ class SyncDataCollector:
     def update_policy_weights_(self, policy_weights: TensorDictBase | None = None) -> None:
         """Copy new weights into the policy the collector runs."""
         self.collector.update_policy_weights_(policy_weights)
+
+    def start(self) -> None:
+        """Collect into the ``replay_buffer`` in a background thread until ``total_frames``
+        or :meth:`async_shutdown` (TorchRL's ``start()``)."""
+        if self.collector.replay_buffer is None:
+            raise RuntimeError("start() collects into a replay buffer: pass replay_buffer=...")
+        if self.__dict__.get("_thread") is not None:
+            raise RuntimeError("the collector was started already")
+        stop = threading.Event()
+
+        def collect() -> None:
+            try:
+                for _ in self:
+                    if stop.is_set():
+                        break
+            except Exception as exc:  # kept for async_shutdown to raise
+                self.__dict__["_thread_error"] = exc
+
+        thread = threading.Thread(target=collect, name="aenv-collector", daemon=True)
+        self.__dict__.update(_thread=thread, _stop=stop, _thread_error=None)
+        thread.start()
+
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop what :meth:`start` began (after the batch in progress), then shut down;
+        re-raises an error the background collection met."""
+        thread = self.__dict__.get("_thread")
+        if thread is not None:
+            self.__dict__["_stop"].set()
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"the collector thread did not stop within {timeout} s")
+            self.__dict__["_thread"] = None
+        self.shutdown()
+        error = self.__dict__.pop("_thread_error", None)
+        if error is not None:
+            raise error
 
     def shutdown(self) -> None:
         """Close the env and stop collecting; idempotent."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import NestedKey, time_named, unravel
 from aenv.envs._policy import is_async_policy, make_policy
@@ -131,6 +131,7 @@ def split_trajectories(
     *,
     trajectory_key: NestedKey | None = None,
     done_key: NestedKey | None = None,
+    as_nested: bool | torch.layout = False,
 ) -> TensorDictBase:
     """Regroup collected frames into one row per trajectory, padded with zeros.
 
@@ -140,6 +141,10 @@ def split_trajectories(
     batch in arrival order (each env's frames stay in order). The output has batch size
     ``[n_trajectories, longest]``, its last dim named ``"time"``, rows sorted by
     trajectory id, and a boolean ``(prefix, "mask")`` entry that is True on real frames.
+
+    With ``as_nested`` (True, or a ``torch.layout`` such as ``torch.jagged``) every entry
+    is a nested tensor of the trajectories, unpadded, batch size ``[n_trajectories]``;
+    ``out.to_padded_tensor()`` pads it back (the mask then comes back too).
 
     Example:
         >>> out = split_trajectories(batch)
@@ -169,6 +174,14 @@ def split_trajectories(
     starts = counts.cumsum(0) - counts
     cols = torch.arange(ids.numel()) - starts[rows]
     n_traj, longest = uniq.numel(), int(counts.max())
+    if as_nested is not False:
+        layout = torch.strided if as_nested is True else as_nested
+        ordered = flat[order]
+        ordered.set((prefix, "mask"), torch.ones(ids.numel(), dtype=torch.bool, device=ids.device))
+        pieces = ordered.split(counts.tolist(), 0)
+        with warnings.catch_warnings():  # torch's "prototype stage" note on strided nesting
+            warnings.filterwarnings("ignore", "The PyTorch API of nested tensors")
+            return TensorDict.lazy_stack(list(pieces), 0).densify(layout=layout)
     out: TensorDictBase = torch.zeros_like(flat[:1]).expand(n_traj, longest).clone()  # type: ignore[assignment]
     out[rows, cols] = flat[order]
     mask = torch.zeros(n_traj, longest, dtype=torch.bool, device=ids.device)

@@ -198,6 +198,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         ):
             cls._step_into = EnvBase._step_into  # type: ignore[method-assign]
             cls._reset_into = EnvBase._reset_into  # type: ignore[method-assign]
+        locked = cls.__dict__.get("batch_locked")
+        if isinstance(locked, bool):  # TorchRL's `batch_locked = False` class attribute
+            cls._batch_locked = locked
+            delattr(cls, "batch_locked")  # the property (and its setter) again
         cls._step_is_async = inspect.iscoroutinefunction(cls._step)
         cls._reset_is_async = inspect.iscoroutinefunction(cls._reset)
         cls._seed_is_async = inspect.iscoroutinefunction(cls._set_seed)

@@ -371,6 +371,8 @@ class _Dispatcher:
     # ------------------------------------------------------------------ whole batch
     async def _run_ops(self, op: str, indices: Sequence[int], payloads: Sequence[Any]) -> list[Any]:
         """Run ``op`` on each env of ``indices``; one outcome (result or Failure) per env."""
+        # a closed pool's backend would never answer (set_seed after close hung)
+        self._check_open()  # type: ignore[attr-defined]
         if self._orphans:
             await self._wait_orphans()
         self._check_free(indices)

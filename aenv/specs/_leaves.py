@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ __all__ = [
     "Binary",
     "BinaryDiscreteTensorSpec",
     "Bounded",
+    "ContinuousBox",
     "BoundedTensorSpec",
     "NonTensor",
     "NonTensorSpec",
@@ -83,6 +84,13 @@ class UnboundedDiscreteTensorSpec(Unbounded):
         self, shape: Any = (1,), device: DEVICE_TYPING = None, dtype: Any = torch.int64
     ) -> None:
         super().__init__(shape, device, dtype)
+
+
+class ContinuousBox(NamedTuple):
+    """A bounded spec's domain: ``spec.space.low`` / ``spec.space.high`` (TorchRL's)."""
+
+    low: torch.Tensor
+    high: torch.Tensor
 
 
 class Bounded(TensorSpec):
@@ -169,6 +177,11 @@ class Bounded(TensorSpec):
     def minimum(self) -> torch.Tensor:
         """Alias of :attr:`low`."""
         return self.low
+
+    @property
+    def space(self) -> ContinuousBox:
+        """The bounds as TorchRL's ``spec.space`` holds them (``.low``, ``.high``)."""
+        return ContinuousBox(self.low, self.high)
 
     @property
     def maximum(self) -> torch.Tensor:

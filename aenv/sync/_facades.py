@@ -165,8 +165,8 @@ class SyncEnv:
 
         self._run(acheck_env_specs, self.env, **kwargs)
 
-    def close(self) -> None:
-        """Close the env (idempotent)."""
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        """Close the env (idempotent: ``raise_if_closed``, TorchRL's, changes nothing)."""
         if not self.env.is_closed:
             self._run(self.env.aclose)
 

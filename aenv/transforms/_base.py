@@ -371,7 +371,9 @@ class Transform(nn.Module):
         env, before = self._env_and_preceding()
         if env is None:
             return None
-        parent = TransformedEnv(env.base_env, Compose(*[t.clone() for t in before]))
+        # the async base env itself (a sync view of the env may show another ``base_env``)
+        base = env.__dict__["base_env"]
+        parent = TransformedEnv(base, Compose(*[t.clone() for t in before]))
         self.__dict__["_parent_cache"] = parent
         return parent
 

@@ -99,15 +99,20 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
         inp = base.input_spec.clone()
         inp.unlock_()
         # the batch size first: spec hooks (e.g. BatchSizeTransform's) may depend on it
-        self.batch_size = self.transform.transform_env_batch_size(base.batch_size)
-        out = self.transform.transform_output_spec(out)
-        inp = self.transform.transform_input_spec(inp)
+        self.batch_size = self._chain.transform_env_batch_size(base.batch_size)
+        out = self._chain.transform_output_spec(out)
+        inp = self._chain.transform_input_spec(inp)
         self.__dict__["output_spec"] = out
         self.__dict__["input_spec"] = inp
         dev = _spec_device(out)
         self._device = dev if dev is not None else base.device
-        self._needs_inv = self.transform._needs_inv
+        self._needs_inv = self._chain._needs_inv
         self._specs_changed()
+
+    @property
+    def _chain(self) -> Compose:
+        # the chain itself (always a Compose), whatever a subclass makes of ``transform``
+        return self.__dict__["transform"]  # type: ignore[no-any-return]
 
     def _transforms_changed(self) -> None:
         self._compute_specs()
@@ -118,12 +123,12 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
 
     def append_transform(self, transform: Transform) -> TransformedEnv:
         """Append a transform (outermost); returns the env."""
-        self.transform.append(transform)
+        self._chain.append(transform)
         return self
 
     def insert_transform(self, index: int, transform: Transform) -> TransformedEnv:
         """Insert a transform at ``index`` of the chain (0 is next to the base env)."""
-        self.transform.insert(index, transform)
+        self._chain.insert(index, transform)
         return self
 
     @property
@@ -142,7 +147,7 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
         return getattr(self.__dict__["base_env"], name)
 
     def __repr__(self) -> str:
-        return f"TransformedEnv(env={self.base_env!r}, transform={self.transform!r})"
+        return f"TransformedEnv(env={self.base_env!r}, transform={self._chain!r})"
 
     # ------------------------------------------------------------------ step
     async def step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -155,7 +160,7 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
         return tensordict
 
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        transform = self.transform
+        transform = self._chain
         td_in = tensordict
         if self._needs_inv:
             td_in = transform._inv_call(tensordict.copy())
@@ -183,7 +188,7 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
     async def _reset(
         self, tensordict: TensorDictBase | None = None, **kwargs: Any
     ) -> TensorDictBase:
-        transform = self.transform
+        transform = self._chain
         td_in = None
         if tensordict is None and self.batch_size != self.base_env.batch_size:
             # a transform changed the batch size: the base env resets a batch of that size

@@ -59,13 +59,14 @@ class ObservationNorm(Transform):
         out_keys: Sequence[NestedKey] | NestedKey | None = None,
         in_keys_inv: Sequence[NestedKey] | NestedKey | None = None,
         out_keys_inv: Sequence[NestedKey] | NestedKey | None = None,
-        standard_normal: bool = False,
+        standard_normal: bool | torch.Tensor = False,
         eps: float = 1e-6,
     ) -> None:
         super().__init__(
             in_keys if in_keys is not None else ["observation"], out_keys, in_keys_inv, out_keys_inv
         )
-        self.standard_normal = standard_normal
+        # a buffer, as in TorchRL, so that ``ObservationNorm(**t.state_dict())`` keeps it
+        self.register_buffer("standard_normal", torch.tensor(bool(standard_normal)))
         self.eps = eps
         self.register_buffer(
             "loc", None if loc is None else torch.as_tensor(loc, dtype=torch.float32)
