@@ -4,7 +4,8 @@
   then the same env as ``TorchRLWrapper`` stepped by aenv's rollout (inline and in a worker
   thread, ``blocking``).
 * aenv -> TorchRL: aenv's ``GymEnv("CartPole-v1")`` stepped by aenv's rollout (``SyncEnv``),
-  then the same env through ``to_torchrl`` stepped by TorchRL's rollout.
+  then the same env through ``to_torchrl`` stepped by TorchRL's rollout; and, as the fairer
+  baseline, TorchRL's own ``GymEnv`` in that same TorchRL loop.
 
 Needs aenv and torchrl in one venv (``pip install -e ".[torchrl]"``; TorchRL pins tensordict
 0.14.x, which aenv accepts). Run: ``python benchmarks/bench_torchrl_bridge.py [--quick]``.
@@ -83,6 +84,20 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "wrapped env alone (us/step)": round(alone, 1),
             "through the bridge (us/step)": round(t, 1),
             "overhead (us/step)": round(t - alone, 1),
+        }
+    )
+    # the same TorchRL loop over TorchRL's own GymEnv: what the bridge adds to a native env
+    native = TorchRLGymEnv("CartPole-v1")
+    t_native = _per_step_us(
+        lambda: native.rollout(steps, break_when_any_done=False), steps, repeats
+    )
+    native.close()
+    rows.append(
+        {
+            "direction": "aenv -> TorchRL, vs TorchRL's GymEnv in the same loop",
+            "wrapped env alone (us/step)": round(t_native, 1),
+            "through the bridge (us/step)": round(t, 1),
+            "overhead (us/step)": round(t - t_native, 1),
         }
     )
     return rows
