@@ -8,6 +8,8 @@ drive the same async engine from plain scripts.
 
 from __future__ import annotations
 
+# first: drops a bogus tensordict setting before tensordict is imported (see aenv._compat)
+from aenv import _compat  # noqa: F401  # isort: skip
 from aenv import exceptions
 from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.collectors import Collector, Interruptor, SyncDataCollector, split_trajectories

@@ -18,6 +18,7 @@ ROOT = Path(aenv.__file__).parent
 
 RANKS = {
     "exceptions": 0,
+    "_compat": 0,
     "specs": 1,
     "_mdp_tree": 1,  # TensorDict plumbing that _mdp builds on (imports no aenv package)
     "_mdp": 2,

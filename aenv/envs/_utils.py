@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict.nn import InteractionType as ExplorationType
-from tensordict.nn import interaction_type as _interaction_type
 from tensordict.nn import set_interaction_type as set_exploration_type
+
+# tensordict.nn re-exports interaction_type only from 0.15 on; probabilistic has it in 0.14 too
+from tensordict.nn.probabilistic import interaction_type as _interaction_type
 
 from aenv._mdp import unravel
 from aenv.specs import Composite, TensorSpec
@@ -292,4 +294,5 @@ def get_available_libraries() -> dict[str, bool]:
     """Which optional libraries aenv can use here (name -> importable)."""
     names = ["gymnasium", "gym", "torchrl", "ray", "uvloop", "tqdm", "rich", "matplotlib"]
     names += ["chess", "envpool", "imageio"]
+    names += ["pettingzoo", "dm_control", "pyspiel", "mo_gymnasium"]
     return {name: importlib.util.find_spec(name) is not None for name in names}
