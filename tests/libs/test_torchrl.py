@@ -14,8 +14,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
-# torchrl.envs, not torchrl: a tests/torchrl folder on the test path is a namespace package
-# named torchrl whenever the real one is not installed
+# (torchrl.envs: the submodule proves the real package is there)
 pytest.importorskip(
     "torchrl.envs", reason="torchrl is not installed (pip install 'aenv[torchrl]' to run these)"
 )
