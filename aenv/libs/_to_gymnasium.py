@@ -91,16 +91,18 @@ class Codec:
             return fresh(self.obs_to_np(td.get("observation")))
         return fresh(self.obs_to_np(td.select(*self.obs_keys)))
 
-    def info(self, td: TensorDictBase, num_envs: int) -> list[dict[str, Any]] | dict[str, Any]:
-        """The info dict(s) kept in ``td`` (see :func:`~aenv.libs._gym_info.info_dicts`)."""
+    def info(self, td: TensorDictBase) -> dict[str, Any]:
+        """A single env's info dict kept in ``td`` (``{}`` without an info entry)."""
+        value = None if self.info_key is None else td.get(self.info_key, None)
+        if isinstance(value, NonTensorData) and isinstance(value.data, dict):
+            return dict(value.data)
+        return {}
+
+    def infos(self, td: TensorDictBase, num_envs: int) -> list[dict[str, Any]]:
+        """Each sub-env's info dict kept in a batched ``td``."""
         if self.info_key is None:
-            return [{} for _ in range(num_envs)] if num_envs else {}
-        value = td.get(self.info_key, None)
-        if not num_envs:
-            if isinstance(value, NonTensorData):
-                return dict(value.data or {})
-            return {}
-        return info_dicts(value, num_envs)
+            return [{} for _ in range(num_envs)]
+        return info_dicts(td.get(self.info_key, None), num_envs)
 
 
 def fresh(value: Any) -> Any:
@@ -157,9 +159,7 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self._td = self.runner.run(self._areset, seed, options)
-        info = self._codec.info(self._td, 0)
-        assert isinstance(info, dict)
-        return self._codec.obs(self._td), info
+        return self._codec.obs(self._td), self._codec.info(self._td)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         td = self._td
@@ -175,8 +175,7 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
         done = bool(nxt.get("done"))
         terminated = bool(term) if term is not None else done
         truncated = bool(trunc) if trunc is not None else False
-        info = self._codec.info(nxt, 0)
-        assert isinstance(info, dict)
+        info = self._codec.info(nxt)
         self._td = self.env._step_mdp(td)
         return obs, reward, terminated, truncated, info
 

@@ -16,6 +16,7 @@ gymnasium's vector API on aenv's done / ``"_reset"`` semantics:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,68 +28,20 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
-from aenv.exceptions import BatchSizeError, PoolError
+from aenv.exceptions import BatchSizeError, PoolError, SpaceMismatchError
+from aenv.libs._gym_batch import at, cause, has_non_tensor, is_pool, leading_sizes, put, reset_mask
 from aenv.libs._gym_vector import DISABLED, NEXT_STEP, SAME_STEP, normalize_autoreset_mode
 from aenv.libs._to_gymnasium import Codec, fresh, unwrap_facade
 from aenv.specs import to_gym_space
 from aenv.sync import Runner, get_runner
 
-__all__ = ["AenvGymnasiumVectorEnv", "to_gymnasium_vector"]
+__all__ = ["AenvGymnasiumVectorEnv", "make_gymnasium_vector", "to_gymnasium_vector"]
 
 _MODES = {
     NEXT_STEP: AutoresetMode.NEXT_STEP,
     SAME_STEP: AutoresetMode.SAME_STEP,
     DISABLED: AutoresetMode.DISABLED,
 }
-
-
-def _is_pool(env: EnvBase) -> bool:
-    from aenv.pool import AsyncEnvPool
-
-    return isinstance(env, AsyncEnvPool)
-
-
-def _put(batch: Any, index: int, value: Any) -> Any:
-    """``batch`` with element ``index`` replaced by ``value`` (arrays copied, not changed)."""
-    if isinstance(batch, dict):
-        return {k: _put(v, index, value[k]) for k, v in batch.items()}
-    if isinstance(batch, tuple) and not isinstance(value, tuple):
-        items = list(batch)
-        items[index] = value
-        return tuple(items)
-    if isinstance(batch, tuple):
-        return tuple(_put(b, index, v) for b, v in zip(batch, value, strict=True))
-    out = np.array(batch, copy=True)
-    out[index] = value
-    return out
-
-
-def _at(batch: Any, index: int) -> Any:
-    if isinstance(batch, dict):
-        return {k: _at(v, index) for k, v in batch.items()}
-    if isinstance(batch, tuple) and batch and isinstance(batch[0], np.ndarray | tuple | dict):
-        return tuple(_at(v, index) for v in batch)
-    return batch[index]
-
-
-def _leading_sizes(space: gymnasium.Space, value: Any) -> list[int | None]:  # type: ignore[type-arg]
-    """The batch size of every part of a batched value of the single space ``space`` (None:
-    a scalar where a batch was due); parts follow gymnasium's ``batch_space``: Dict and
-    Tuple spaces batch part by part, array spaces along a first dim, others as tuples."""
-    from gymnasium import spaces
-
-    if isinstance(space, spaces.Dict):
-        if not isinstance(value, dict):
-            return [None]
-        return [n for k, sub in space.spaces.items() for n in _leading_sizes(sub, value.get(k))]
-    if isinstance(space, spaces.Tuple):
-        if not isinstance(value, tuple | list) or len(value) != len(space.spaces):
-            return [None]
-        return [n for sub, v in zip(space.spaces, value) for n in _leading_sizes(sub, v)]
-    if isinstance(space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
-        shape = np.shape(value)
-        return [shape[0] if shape else None]
-    return [len(value)] if isinstance(value, tuple | list) else [None]
 
 
 class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
@@ -101,7 +54,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         *,
         runner: Runner | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
-        observation_mode: str = "same",
+        observation_mode: str | tuple[Any, Any] = "same",
         info_key: str = "info",
     ) -> None:
         env, runner = unwrap_facade(env, runner)
@@ -117,11 +70,13 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         codec = self._codec = Codec(env, 1, info_key, lambda space: batch_space(space, n))
         self.single_observation_space = codec.obs_space
         self.single_action_space = codec.action_space
+        if is_pool(env):
+            self._sub_env_spaces()
         self.observation_mode = observation_mode
         self.observation_space = self._batched_obs_space(observation_mode)
         actions = [to_gym_space(codec.action_spec[i]) for i in range(n)]
         if any(a != codec.action_space for a in actions):
-            raise ValueError(
+            raise SpaceMismatchError(
                 "the sub-envs' action spaces differ; a vector env needs one action space, "
                 f"got {actions}"
             )
@@ -130,34 +85,58 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         self.render_mode = self._sub_render_mode()
         # a valid action per sub-env, put in place of those a NEXT_STEP autoreset ignores
         self._neutral = codec.action_to_np(codec.action_spec.zero())
-        # NEXT_STEP: a pool resets a finished sub-env in the step that ends its episode
-        # (one operation); an env that cannot leave live sub-envs out of a step (a wrapped
-        # gymnasium vector env) resets it after the next step instead
-        self._eager = _is_pool(env)
+        # a pool resets a finished sub-env in the step that ends its episode (one operation);
+        # other envs reset it after that step (NEXT_STEP: after the next one), as do pools
+        # with non-tensor observations or infos, which a pool's merged resets do not carry
+        # (an env that cannot leave live sub-envs out of a step, a wrapped gymnasium vector
+        # env, needs the reset after the step)
+        self._eager = is_pool(env) and not has_non_tensor(env.full_observation_spec)
         self._td: TensorDictBase | None = None
         self._autoreset = np.zeros(n, dtype=np.bool_)
         self._dones = np.zeros(n, dtype=np.bool_)
 
-    def _batched_obs_space(self, mode: str) -> gymnasium.Space:  # type: ignore[type-arg]
+    def _batched_obs_space(self, mode: Any) -> gymnasium.Space:  # type: ignore[type-arg]
         n, single = self.num_envs, self.single_observation_space
+        if isinstance(mode, tuple) and len(mode) == 2:
+            # gymnasium's custom mode: (batched space, single space) given as they are
+            batched, self.single_observation_space = mode
+            return batched  # type: ignore[no-any-return]
+        if mode not in ("same", "different"):
+            raise ValueError(
+                "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single "
+                f"and batch observation space, actual got {mode}"
+            )
         per_env = [to_gym_space(self._codec.obs_spec[i]) for i in range(n)]
-        if mode == "same":
-            for i, space in enumerate(per_env):
-                if space != single:
-                    raise ValueError(
-                        "observation_mode='same' needs equal sub-env observation spaces: "
-                        f"sub-env {i} has {space}, sub-env 0 {single}; use "
-                        "observation_mode='different' to batch them as they are"
-                    )
-            return batch_space(single, n)
         if mode == "different":
             return batch_differing_spaces(per_env)
-        raise ValueError(f"observation_mode must be 'same' or 'different', got {mode!r}")
+        for space in per_env:
+            if space != single:
+                raise SpaceMismatchError(
+                    f"{type(self).__name__}(..., observation_mode='same') however the "
+                    "sub-environments observation spaces are not equivalent. "
+                    f"single_observation_space={single}, sub-environment observation_space="
+                    f"{space}. If this is intentional, use `observation_mode='different'` "
+                    "instead."
+                )
+        return batch_space(single, n)
+
+    def _sub_env_spaces(self) -> None:
+        """A pool of wrapped gymnasium envs: use sub-env 0's own space objects (equal to the
+        spec's), so that the batched spaces sample with its random generator, as gymnasium's
+        vector envs do (the same seeds give the same action samples)."""
+        try:
+            obs, act = (self.get_attr(name)[0] for name in ("observation_space", "action_space"))
+        except (AttributeError, PoolError):
+            return
+        if obs == self.single_observation_space:
+            self.single_observation_space = obs
+        if act == self.single_action_space:
+            self.single_action_space = act
 
     def _sub_render_mode(self) -> str | None:
         if self._codec.pixels:
             return "rgb_array"
-        if not _is_pool(self.env):
+        if not is_pool(self.env):
             return getattr(self.env, "render_mode", None)
         try:
             modes = self.get_attr("render_mode")
@@ -176,6 +155,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
+        self._check_open()
         n = self.num_envs
         if seed is None:
             seeds: list[int | None] = [None] * n
@@ -188,8 +168,8 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
                     f"reset got {len(seeds)} seeds for {n} sub-envs; pass one seed per sub-env"
                 )
         options = dict(options or {})
-        mask = _reset_mask(options.pop("reset_mask", None), n)
-        if mask is not None and self._td is None and not mask.all():
+        mask = reset_mask(options.pop("reset_mask", None), n)
+        if self._td is None:
             mask = None  # nothing to keep yet: every sub-env starts
         td = self.runner.run(self._areset, seed, seeds, mask, options or None)
         self._td = td
@@ -200,12 +180,9 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             self._autoreset[mask] = False
             self._dones[mask] = False
         infos: dict[str, Any] = {}
-        per_env = self._codec.info(td, n)
-        if isinstance(per_env, dict):
-            infos = per_env
-        else:
-            for i in range(n) if mask is None else np.flatnonzero(mask):
-                infos = self._add_info(infos, per_env[int(i)], int(i))
+        per_env = self._codec.infos(td, n)
+        for i in range(n) if mask is None else np.flatnonzero(mask):
+            infos = self._add_info(infos, per_env[int(i)], int(i))
         return self._codec.obs(td), infos
 
     async def _areset(
@@ -238,20 +215,27 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         """Seed sub-envs one by one (a pool's envs where they live); an env that is not a pool
         takes the list as its reset's ``seed`` (a wrapped gymnasium vector env does)."""
         env = self.env
-        if _is_pool(env):
+        if is_pool(env):
             for i, s in enumerate(seeds):
                 if s is not None:
                     await env.call("set_seed", int(s), env_indices=[i])  # type: ignore[attr-defined]
             return
         kwargs["seed"] = seeds
 
+    def _check_open(self) -> None:
+        if self.closed or self.env.is_closed:
+            raise gymnasium.error.ClosedEnvironmentError(
+                f"{type(self).__name__} is closed: make a new one"
+            )
+
     # ------------------------------------------------------------------ step
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self._check_open()
         td = self._td
         if td is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         n, codec = self.num_envs, self._codec
-        sizes = _leading_sizes(self.single_action_space, actions)
+        sizes = leading_sizes(self.single_action_space, actions)
         if any(s is None for s in sizes):
             raise TypeError(f"step needs a batch of {n} actions (one per sub-env), got {actions!r}")
         if any(s != n for s in sizes):
@@ -264,7 +248,8 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         pending = self._autoreset.copy()
         for i in np.flatnonzero(pending):
             # this sub-env restarts instead: its action is ignored (and may be invalid)
-            actions = _put(actions, int(i), _at(self._neutral, int(i)))
+            space = self.single_action_space
+            actions = put(space, actions, int(i), at(space, self._neutral, int(i)))
         td.set(codec.action_key, codec.action_from_np(actions))
         nxt, next_input = self.runner.run(self._astep, td, pending)
         reward = nxt.get("reward").reshape(n).cpu().numpy().astype(np.float64)
@@ -276,24 +261,27 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         reward[pending] = 0.0
         term[pending] = trunc[pending] = done[pending] = False
         infos: dict[str, Any] = {}
-        step_infos = codec.info(nxt, n)
+        step_infos = codec.infos(nxt, n)
         if self._mode == SAME_STEP:
             obs = codec.obs(next_input)
             if done.any():
                 final = codec.obs(nxt)
-                reset_infos = codec.info(next_input, n)
+                reset_infos = codec.infos(next_input, n)
                 infos = self._same_step_infos(step_infos, reset_infos, final, done)
             else:
                 infos = self._merge_infos(step_infos)
-        elif self._eager or not pending.any():
-            # (eager: a sub-env sitting the step out shows its fresh start under "next")
-            obs = codec.obs(nxt)
-            infos = self._merge_infos(step_infos)
         else:
-            obs = codec.obs(next_input)
-            reset_infos = codec.info(next_input, n)
-            if isinstance(step_infos, list) and isinstance(reset_infos, list):
-                step_infos = [r if p else s for s, r, p in zip(step_infos, reset_infos, pending)]
+            obs = codec.obs(nxt)
+            if pending.any():
+                # the sub-envs that restarted show their first observation and reset info:
+                # a pool reset them in the last step (their start is this step's input),
+                # another env just now
+                starts = td if self._eager else next_input
+                start_obs, start_infos = codec.obs(starts), codec.infos(starts, n)
+                space = self.single_observation_space
+                for i in np.flatnonzero(pending):
+                    obs = put(space, obs, int(i), at(space, start_obs, int(i)))
+                    step_infos[int(i)] = start_infos[int(i)]
             infos = self._merge_infos(step_infos)
         self._td = next_input
         if self._mode == NEXT_STEP:
@@ -311,24 +299,26 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             return td.get("next"), env._step_mdp(td)
         if pending.any():
             td.set("_step", torch.from_numpy(~pending).to(td.device))
-        if self._eager or self._mode == SAME_STEP:
+        if self._eager:
             stepped, next_input = await env.step_and_maybe_reset(td)
             stepped.pop("_step", None)
             next_input.pop("_step", None)
             return stepped.get("next"), next_input
-        # the finished sub-envs sit the step out and are reset after it
         td = await env.step(td)
         td.pop("_step", None)
         next_input = env._step_mdp(td)
-        if pending.any():
+        # NEXT_STEP: the sub-envs that sat the step out start anew after it; SAME_STEP: those
+        # that finished in it
+        restart = pending
+        if self._mode == SAME_STEP:
+            restart = td.get("next").get("done").reshape(self.num_envs).cpu().numpy()
+        if restart.any():
             shape = env.full_done_spec["done"].shape
-            next_input.set("_reset", torch.from_numpy(pending).reshape(shape).to(td.device))
+            next_input.set("_reset", torch.from_numpy(restart).reshape(shape).to(td.device))
             next_input = await env.reset(next_input)
         return td.get("next"), next_input
 
-    def _merge_infos(self, per_env: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
-        if isinstance(per_env, dict):
-            return per_env
+    def _merge_infos(self, per_env: list[dict[str, Any]]) -> dict[str, Any]:
         infos: dict[str, Any] = {}
         for i, info in enumerate(per_env):
             infos = self._add_info(infos, info, i)
@@ -336,17 +326,16 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
 
     def _same_step_infos(
         self,
-        step_infos: list[dict[str, Any]] | dict[str, Any],
-        reset_infos: list[dict[str, Any]] | dict[str, Any],
+        step_infos: list[dict[str, Any]],
+        reset_infos: list[dict[str, Any]],
         final: Any,
         done: np.ndarray,
     ) -> dict[str, Any]:
-        if isinstance(step_infos, dict) or isinstance(reset_infos, dict):
-            return step_infos if isinstance(step_infos, dict) else {}
         infos: dict[str, Any] = {}
         for i in range(self.num_envs):
             if done[i]:
-                last = {"final_obs": fresh(_at(final, i)), "final_info": step_infos[i]}
+                obs_i = fresh(at(self.single_observation_space, final, i))
+                last = {"final_obs": obs_i, "final_info": step_infos[i]}
                 infos = self._add_info(infos, last, i)
                 infos = self._add_info(infos, reset_infos[i], i)
             else:
@@ -360,7 +349,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every sub-env (or read it, when it is not callable)."""
         env = self.env
-        if not _is_pool(env):
+        if not is_pool(env):
             fn = getattr(env, "call", None)
             if fn is None:
                 raise AttributeError(f"{type(env).__name__} has no sub-envs to call {name!r} on")
@@ -368,14 +357,14 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         try:
             return tuple(self._pool_call(env.call, name, *args, **kwargs))  # type: ignore[attr-defined]
         except PoolError as exc:
-            if all(isinstance(_cause(e), TypeError) for e in exc.errors.values()):
+            if all(isinstance(cause(e), TypeError) for e in exc.errors.values()):
                 return self.get_attr(name)  # an attribute, not a method
             raise
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every sub-env."""
         env = self.env
-        if not _is_pool(env):
+        if not is_pool(env):
             fn = getattr(env, "get_attr", None)
             if fn is None:
                 return (getattr(env, name),) * self.num_envs
@@ -383,7 +372,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         try:
             return tuple(self._pool_call(env.get_attr, name))  # type: ignore[attr-defined]
         except PoolError as exc:
-            if all(isinstance(_cause(e), AttributeError) for e in exc.errors.values()):
+            if all(isinstance(cause(e), AttributeError) for e in exc.errors.values()):
                 raise AttributeError(f"the sub-envs have no attribute {name!r}") from exc
             raise
 
@@ -396,7 +385,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         if len(values) != n:
             raise ValueError(f"set_attr needs {n} values (one per sub-env), got {len(values)}")
         env = self.env
-        if not _is_pool(env):
+        if not is_pool(env):
             fn = getattr(env, "set_attr", None)
             if fn is None:
                 raise AttributeError(f"{type(env).__name__} has no sub-envs to set {name!r} on")
@@ -433,37 +422,12 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             self.runner.run(self.env.aclose)
 
 
-def _cause(err: BaseException) -> BaseException:
-    """The original exception of a sub-env's error (its ``__cause__`` chain's root)."""
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return err
-
-
-def _reset_mask(mask: Any, n: int) -> np.ndarray | None:
-    """``options["reset_mask"]`` checked: a boolean array of shape ``(n,)`` with a True."""
-    if mask is None:
-        return None
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-    if mask.shape != (n,):
-        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
-    if mask.dtype != np.bool_:
-        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-    if not mask.any():
-        raise ValueError(
-            "`options['reset_mask']` must contain a boolean array with at least one True "
-            f"value, got reset_mask={mask}"
-        )
-    return mask
-
-
 def to_gymnasium_vector(
     env: EnvBase,
     *,
     runner: Runner | None = None,
     autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
-    observation_mode: str = "same",
+    observation_mode: str | tuple[Any, Any] = "same",
     info_key: str = "info",
 ) -> AenvGymnasiumVectorEnv:
     """A batched aenv env or pool (batch size ``(n,)``), or a sync facade over one
@@ -492,3 +456,61 @@ def to_gymnasium_vector(
         observation_mode=observation_mode,
         info_key=info_key,
     )
+
+
+def _wrapped(make: Callable[[], Any], categorical: bool, infos: bool) -> EnvBase:
+    """A gymnasium env from ``make`` as an aenv env (built where the pool places it)."""
+    from aenv.libs._gym_env import GymWrapper
+    from aenv.libs._gym_info import InfoAsEntry
+
+    env = GymWrapper(make(), categorical_action_encoding=categorical)
+    if infos:
+        env.set_info_dict_reader(InfoAsEntry())
+    return env
+
+
+def make_gymnasium_vector(
+    env_fns: Sequence[Callable[[], Any]],
+    *,
+    backend: str = "coroutine",
+    autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+    observation_mode: str | tuple[Any, Any] = "same",
+    keep_infos: bool = True,
+    runner: Runner | None = None,
+    **pool_kwargs: Any,
+) -> AenvGymnasiumVectorEnv:
+    """Gymnasium env factories as one gymnasium ``VectorEnv`` run by an aenv pool: a
+    stand-in for ``SyncVectorEnv(env_fns)`` / ``AsyncVectorEnv(env_fns)``.
+
+    Each env is wrapped with :class:`~aenv.libs.gym.GymWrapper` (Discrete values as
+    indices), its info dicts kept whole (``keep_infos``, :class:`~aenv.libs.gym.InfoAsEntry`),
+    in an :class:`~aenv.pool.AsyncEnvPool` of ``backend`` (``"coroutine"``, ``"thread"``,
+    ``"process"``; ``pool_kwargs`` go to the pool), bridged by :func:`to_gymnasium_vector`.
+
+    Raises:
+        SpaceMismatchError: the envs' spaces differ in shape or type (the pool cannot stack
+            them), or, with ``observation_mode="same"``, in bounds.
+
+    Example:
+        >>> envs = make_gymnasium_vector([lambda: gymnasium.make("CartPole-v1")] * 4)
+        >>> obs, info = envs.reset(seed=0)
+        >>> obs, rewards, terms, truncs, info = envs.step(envs.action_space.sample())
+    """
+    from aenv.exceptions import SpecError
+    from aenv.pool import AsyncEnvPool
+
+    # indices for Discrete actions: what gymnasium's vector envs take
+    fns = [functools.partial(_wrapped, fn, True, keep_infos) for fn in env_fns]
+    try:
+        pool = AsyncEnvPool(fns, backend=backend, **pool_kwargs)
+    except SpecError as exc:
+        raise SpaceMismatchError(
+            f"the {len(fns)} envs' spaces cannot be batched into one vector env: {exc}"
+        ) from exc
+    try:
+        return AenvGymnasiumVectorEnv(
+            pool, runner=runner, autoreset_mode=autoreset_mode, observation_mode=observation_mode
+        )
+    except BaseException:
+        (runner or get_runner()).run(pool.aclose)
+        raise

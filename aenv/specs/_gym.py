@@ -4,7 +4,8 @@ The spec keeps what its class cannot say (gymnasium dtype of discrete spaces, ``
 offsets, Tuple-ness, Text's lengths and charset) in its private ``_meta`` so that
 ``to_gym_space(from_gym_space(space)) == space``.
 
-Spaces whose values a tensor cannot hold (``Sequence``, ``Graph``, ``OneOf``) become
+Spaces whose values a tensor cannot hold (``Sequence``, ``Graph``, ``OneOf``, and spaces
+of one's own, subclasses of ``gymnasium.spaces.Space``) become
 ``NonTensor`` specs whose values are gymnasium's own (a tuple, a ``GraphInstance``, an
 ``(index, value)`` pair); a ``Box`` of booleans becomes a boolean ``Categorical`` and a
 multi-dimensional ``MultiDiscrete`` an integer ``Bounded``. Those specs keep the space itself
@@ -136,6 +137,10 @@ def from_gym_space(
             "min_length": space.min_length,
             "charset": space.character_set,
         }
+    elif isinstance(space, spaces.Space):
+        # a space of its own (a user's subclass): its values carried as they are
+        spec = NonTensor(shape=(), device=device, example_data=None)
+        spec._meta["gym_space"] = space
     else:
         raise SpecError(f"no spec for gymnasium space {type(space).__name__}")
     if batch:
