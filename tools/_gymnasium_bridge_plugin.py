@@ -20,6 +20,20 @@ from gymnasium.vector import AutoresetMode
 from aenv.libs.gym import AenvGymnasiumVectorEnv, make_gymnasium_vector
 
 BACKEND = os.environ.get("AENV_BRIDGE_BACKEND", "coroutine")
+# the cases that built a bridge (written to AENV_BRIDGE_USED at the end of the session)
+_current: list[str] = [""]
+_used: set[str] = set()
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    _current[0] = item.nodeid
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    path = os.environ.get("AENV_BRIDGE_USED")
+    if path:
+        with open(path, "w") as f:
+            f.write("\n".join(sorted(_used)))
 
 
 def _bridge(name: str) -> type:
@@ -31,6 +45,7 @@ def _bridge(name: str) -> type:
         autoreset_mode: Any = AutoresetMode.NEXT_STEP,
         **_async_only: Any,  # shared_memory, context, daemon, worker: no meaning here
     ) -> AenvGymnasiumVectorEnv:
+        _used.add(_current[0])
         return make_gymnasium_vector(
             env_fns,
             backend=BACKEND,

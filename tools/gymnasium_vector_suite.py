@@ -43,21 +43,41 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{root} has no {', '.join(missing)}: pass a Gymnasium checkout")
     with tempfile.TemporaryDirectory() as tmp:
         own = _run(root, None, args, Path(tmp) / "own.xml")
-        bridged = _run(root, args.backend, args, Path(tmp) / "bridge.xml")
+        used_file = Path(tmp) / "used.txt"
+        bridged = _run(root, args.backend, args, Path(tmp) / "bridge.xml", used_file)
+        used = set(used_file.read_text().split()) if used_file.exists() else set()
     base = {name for name, ok in own.items() if ok}
     passed = sorted(name for name in base if bridged.get(name))
     failed = sorted(name for name in base if not bridged.get(name))
     for name in failed:
         print(f"FAILS ON THE BRIDGE: {name}")
+    built = {name for name in base if _nodeid(name) in used}
     print(
         f"{len(passed)} of {len(base)} cases that pass on gymnasium's own vector envs pass on "
-        f"the bridge ({args.backend} backend); {len(own) - len(base)} cases fail on "
-        "gymnasium's own envs here and are not counted"
+        f"the bridge ({args.backend} backend); of the {len(built)} that build a bridge, "
+        f"{len(built & set(passed))} pass. {len(own) - len(base)} cases fail on gymnasium's "
+        "own envs here and are not counted"
     )
     return 0 if not failed else 1
 
 
-def _run(root: Path, backend: str | None, args: argparse.Namespace, xml: Path) -> dict[str, bool]:
+def _nodeid(name: str) -> str:
+    """The pytest node id of a junit case name (``tests.vector.test_x.Class::test_y[p]``)."""
+    module, _, case = name.partition("::")
+    parts = module.split(".")
+    # the module path ends at the first part naming a test module
+    idx = next(i for i, p in enumerate(parts) if p.startswith("test_"))
+    path = "/".join(parts[: idx + 1]) + ".py"
+    return "::".join([path, *parts[idx + 1 :], case])
+
+
+def _run(
+    root: Path,
+    backend: str | None,
+    args: argparse.Namespace,
+    xml: Path,
+    used: Path | None = None,
+) -> dict[str, bool]:
     """Run the suites (on the bridge when ``backend`` is set); each case's outcome."""
     here = Path(__file__).resolve().parent
     env = dict(os.environ)
@@ -65,6 +85,7 @@ def _run(root: Path, backend: str | None, args: argparse.Namespace, xml: Path) -
     plugin: list[str] = []
     if backend is not None:
         env["AENV_BRIDGE_BACKEND"] = backend
+        env["AENV_BRIDGE_USED"] = str(used)
         paths.insert(0, str(here))
         plugin = ["-p", "_gymnasium_bridge_plugin"]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

@@ -2,13 +2,16 @@
 
 gymnasium's vector API on aenv's done / ``"_reset"`` semantics:
 
-* autoreset ``NEXT_STEP`` (default): a step is one ``step_and_maybe_reset`` of the aenv env,
-  so a sub-env that finishes is reset at once, on aenv's side; gymnasium sees its last
-  observation now and the first one of its next episode on the next step (reward 0, not
-  done, its action ignored: that sub-env sits the step out through a ``"_step"`` mask).
-* ``SAME_STEP``: the same operation; the step returns the new episode's first observation and
-  puts the last one in ``info["final_obs"]`` (and its info in ``info["final_info"]``).
-* ``DISABLED``: plain steps; a finished sub-env waits for ``reset(options={"reset_mask": m})``.
+* autoreset ``NEXT_STEP`` (default): gymnasium sees a finished sub-env's last observation on
+  the step that ends its episode, and the first one of its next episode on the following
+  step (reward 0, not done, its action ignored: the sub-env sits that step out through a
+  ``"_step"`` mask). A pool resets it within the step that ends the episode (one
+  ``step_and_maybe_reset``); other envs, and pools whose observations or infos hold
+  non-tensor data, reset it after the step it sits out.
+* ``SAME_STEP``: the step that ends an episode returns the next episode's first observation
+  and puts the last one in ``info["final_obs"]`` (its info in ``info["final_info"]``).
+* ``DISABLED``: plain steps; a finished sub-env waits for ``reset(options={"reset_mask": m})``
+  (stepping it first raises ``ResetNeeded``).
 
 ``reset(seed=[...])`` seeds each sub-env with its own seed (``int``: ``seed + i``), and a
 ``reset_mask`` resets only the flagged sub-envs (a partial reset through ``"_reset"``).

@@ -333,3 +333,18 @@ def test_pool_of_aenv_envs_keeps_working_without_infos():
     obs, *_, info = venv.step(np.array([0, 1]))
     assert info == {}
     venv.close()
+
+
+def test_single_env_infos_and_reset_options():
+    env = GymWrapper(CountdownEnv(), categorical_action_encoding=True)
+    env.set_info_dict_reader(InfoAsEntry())
+    single = to_gymnasium(env)
+    raw = CountdownEnv()
+    assert data_equivalence(single.reset(seed=4), raw.reset(seed=4), exact=True)
+    assert data_equivalence(
+        single.reset(options={"start": 2}), raw.reset(options={"start": 2}), exact=True
+    )
+    for action in (3, 1):
+        got, expected = single.step(action), raw.step(action)
+        assert data_equivalence(got[0], expected[0]) and got[1:] == expected[1:]
+    single.close()
