@@ -9,6 +9,7 @@ the three autoreset modes; spaces, seeds, partial resets, infos, attribute acces
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -106,6 +107,25 @@ def test_pool_bridge_matches_sync_vector_env(backend, mode):
     got = _drive(bridged, 7, actions, mode == AutoresetMode.DISABLED)
     bridged.close()
     assert any(step[2].any() for step in expected[1:] if len(step) == 5)
+    _assert_same(expected, got)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_tensor_only_pool_matches_sync_vector_env(backend, mode):
+    """Without kept infos (tensors only), a pool restarts a finished sub-env within the step
+    that ends its episode: the same data as gymnasium's (CartPole's infos are empty)."""
+    actions = np.random.default_rng(2).integers(0, 2, size=(50, 3))
+    reference = SyncVectorEnv([_cartpole] * 3, autoreset_mode=mode)
+    expected = _drive(reference, 5, actions, mode == AutoresetMode.DISABLED)
+    bridged = make_gymnasium_vector(
+        [_cartpole] * 3, backend=backend, autoreset_mode=mode, keep_infos=False
+    )
+    assert bridged._eager
+    got = _drive(bridged, 5, actions, mode == AutoresetMode.DISABLED)
+    bridged.close()
+    assert sum(step[2].sum() for step in expected[1:] if len(step) == 5) >= 2
     _assert_same(expected, got)
 
 
@@ -348,3 +368,23 @@ def test_single_env_infos_and_reset_options():
         got, expected = single.step(action), raw.step(action)
         assert data_equivalence(got[0], expected[0]) and got[1:] == expected[1:]
     single.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GymEnv("CartPole-v1"),
+        lambda: GymEnv("Pendulum-v1"),
+        lambda: GymWrapper(_SpaceEnv(spaces.Dict(a=spaces.Discrete(3), b=spaces.Box(0, 1, (2,))))),
+        lambda: GymWrapper(_SpaceEnv(spaces.MultiDiscrete([2, 3], dtype=np.int8))),
+    ],
+    ids=["CartPole", "Pendulum", "Dict", "MultiDiscrete-int8"],
+)
+def test_stable_baselines3_env_checker(make):
+    sb3_checker = pytest.importorskip("stable_baselines3.common.env_checker")
+    env = to_gymnasium(make())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its advice (normalise Box spaces) is not a failure
+        sb3_checker.check_env(env, warn=True)
+    env.close()
