@@ -12,6 +12,7 @@
     ├── ResetNeededError (RuntimeError)        stepping an env that must be reset first
     ├── DoneAfterResetError (RuntimeError)     an env reported done right after a reset
     ├── BatchSizeError (ValueError)            wrong input batch size on a batch-locked env
+    ├── SpaceMismatchError (RuntimeError)      sub-env spaces a gymnasium vector env cannot batch
     ├── EnvStepError (RuntimeError)            a sub-env raised while working
     │   └── WorkerCrashedError                 a worker process died
     ├── StepTimeoutError (TimeoutError)        a sub-env step ran past its deadline
@@ -39,6 +40,7 @@ __all__ = [
     "PoolError",
     "ResetNeededError",
     "SandboxError",
+    "SpaceMismatchError",
     "SpecError",
     "SpecViolationError",
     "StepTimeoutError",
@@ -96,6 +98,11 @@ class DoneAfterResetError(AenvError, RuntimeError):
 
 class BatchSizeError(AenvError, ValueError):
     """Raised when an input's batch size does not match a batch-locked env's."""
+
+
+class SpaceMismatchError(AenvError, RuntimeError):
+    """Raised when the sub-envs of a gymnasium vector bridge have spaces it cannot batch as
+    asked (a RuntimeError, as gymnasium's vector envs raise)."""
 
 
 class EnvStepError(AenvError, RuntimeError):

@@ -43,6 +43,11 @@ BENCHMARKS = [
     ),
     ("gym", "bench_gym", "GymEnv CartPole-v1 rollout vs TorchRL GymEnv vs raw gymnasium"),
     (
+        "gymnasium_bridge",
+        "bench_gymnasium_bridge",
+        "aenv envs as gymnasium envs (to_gymnasium, make_gymnasium_vector) vs plain gymnasium",
+    ),
+    (
         "collector",
         "bench_collector",
         "Streaming collector vs lockstep vs TorchRL (256 latency envs)",

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.spaces import Dict as DictSpace
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._gymlike import GymLikeEnv
@@ -193,12 +194,17 @@ class GymWrapper(GymLikeEnv):
                 obs.update({("observation" if k == "state" else k): v for k, v in spec.items()})
             else:
                 obs["observation"] = spec
+        # a value that is a dict without a Dict space (a Sequence of Dicts) is one observation
+        self._whole_obs = "observation" in obs and not isinstance(obs_space, DictSpace)
         if self.from_pixels:
             frame = self._probe_render()
             obs["pixels"] = Bounded(0, 255, frame.shape, dev, torch.uint8)
         action = from_gym_space(
             act_space, device=dev, categorical_action_encoding=cat, batch_size=bs
         )
+        if isinstance(action, Composite):
+            # a Dict / Tuple action space: its entries live under "action"
+            action = Composite(action=action, shape=bs, device=dev)
         self._init_gym_specs(
             Composite(obs, shape=bs, device=dev),
             action,
@@ -255,6 +261,8 @@ class GymWrapper(GymLikeEnv):
     def read_obs(self, observations: Any) -> dict[str, Any]:
         if self.pixels_only:
             out: dict[str, Any] = {}
+        elif self._whole_obs:
+            out = {"observation": self._obs_readers["observation"](observations)}
         else:
             out = super().read_obs(observations)
         if self.from_pixels:

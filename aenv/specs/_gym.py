@@ -3,6 +3,13 @@
 The spec keeps what its class cannot say (gymnasium dtype of discrete spaces, ``start``
 offsets, Tuple-ness, Text's lengths and charset) in its private ``_meta`` so that
 ``to_gym_space(from_gym_space(space)) == space``.
+
+Spaces whose values a tensor cannot hold (``Sequence``, ``Graph``, ``OneOf``, and spaces
+of one's own, subclasses of ``gymnasium.spaces.Space``) become
+``NonTensor`` specs whose values are gymnasium's own (a tuple, a ``GraphInstance``, an
+``(index, value)`` pair); a ``Box`` of booleans becomes a boolean ``Categorical`` and a
+multi-dimensional ``MultiDiscrete`` an integer ``Bounded``. Those specs keep the space itself
+(``_meta["gym_space"]``), which :func:`to_gym_space` gives back.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ def from_gym_space(
     batch = parse_shape(batch_size)
     cat = categorical_action_encoding
     spec: TensorSpec
-    if isinstance(space, spaces.Box):
+    if isinstance(space, spaces.Box) and np.dtype(space.dtype) != np.bool_:
         dtype = torch_dtype(space.dtype)
         low, high = np.asarray(space.low), np.asarray(space.high)
         if (
@@ -74,6 +81,14 @@ def from_gym_space(
                 device,
                 dtype,
             )
+    elif isinstance(space, spaces.Box) and np.dtype(space.dtype) == np.bool_:
+        # Bounded has no boolean dtype: a two-valued Categorical holds the same values
+        spec = Categorical(2, space.shape, device, torch.bool)
+        spec._meta["gym_space"] = space
+    elif isinstance(space, (spaces.Sequence, spaces.Graph, spaces.OneOf)):
+        # variable-sized values: carried as they are, as non-tensor data
+        spec = NonTensor(shape=(), device=device, example_data=None)
+        spec._meta["gym_space"] = space
     elif isinstance(space, spaces.Discrete):
         dtype = torch_dtype(space.dtype)
         n = int(space.n)
@@ -81,9 +96,14 @@ def from_gym_space(
         spec._meta.update(gym_start=int(space.start), gym_dtype=space.dtype)
     elif isinstance(space, spaces.MultiDiscrete):
         nvec = np.asarray(space.nvec)
-        if nvec.ndim != 1:
-            raise SpecError(f"only 1-D MultiDiscrete spaces are supported, got nvec {nvec.shape}")
         dtype = torch_dtype(space.dtype)
+        if nvec.ndim != 1:
+            # MultiCategorical's nvec is one row: a grid of values is an integer box
+            low = np.asarray(space.start, dtype=np.int64)
+            high = low + nvec.astype(np.int64) - 1
+            spec = Bounded(torch.as_tensor(low), torch.as_tensor(high), nvec.shape, device, dtype)
+            spec._meta["gym_space"] = space
+            return spec.expand(*batch, *spec.shape) if batch else spec
         spec = (
             MultiCategorical(nvec, None, device, dtype)
             if cat
@@ -117,6 +137,10 @@ def from_gym_space(
             "min_length": space.min_length,
             "charset": space.character_set,
         }
+    elif isinstance(space, spaces.Space):
+        # a space of its own (a user's subclass): its values carried as they are
+        spec = NonTensor(shape=(), device=device, example_data=None)
+        spec._meta["gym_space"] = space
     else:
         raise SpecError(f"no spec for gymnasium space {type(space).__name__}")
     if batch:
@@ -132,6 +156,9 @@ def to_gym_space(spec: TensorSpec) -> Any:
     from gymnasium import spaces
 
     meta = spec._meta
+    kept = meta.get("gym_space")
+    if kept is not None:
+        return _batched_kept(kept, spec)
     if isinstance(spec, Composite):
         if spec.__class__ is not Composite:
             raise SpecError(f"{type(spec).__name__} has no gymnasium space")
@@ -183,3 +210,15 @@ def to_gym_space(spec: TensorSpec) -> Any:
             return spaces.Text(4096, min_length=0, charset=string.printable)
         raise SpecError("only text NonTensor specs have a gymnasium space (Text)")
     raise SpecError(f"{type(spec).__name__} has no gymnasium space")
+
+
+def _batched_kept(space: Any, spec: TensorSpec) -> Any:
+    """A kept space, batched (as gymnasium's ``batch_space`` does) over the spec's leading
+    dims."""
+    from gymnasium.vector.utils import batch_space
+
+    own = () if isinstance(spec, NonTensor) else tuple(space.shape or ())
+    lead = tuple(spec.shape)[: spec.ndim - len(own)]
+    for n in reversed(lead):
+        space = batch_space(space, n)
+    return space

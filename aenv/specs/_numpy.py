@@ -76,6 +76,9 @@ def _from_numpy(spec: TensorSpec) -> Converter:
         return lambda value: TensorDict({k: f(value[k]) for k, f in subs.items()}, batch_size=shape)
     if isinstance(spec, NonTensor):
         if len(shape):
+            if spec._meta.get("gym_space") is not None:
+                # gymnasium's own values (sequences, graphs, ...), one per element
+                return lambda value: NonTensorStack.from_list(list(value))  # type: ignore[misc]
             return lambda value: NonTensorStack.from_list([str(v) for v in value])  # type: ignore[misc]
         return lambda value: NonTensorData(data=value)
     if isinstance(spec, OneHot):
@@ -123,30 +126,40 @@ def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
             return lambda td: tuple(subs[str(i)](td.get(str(i))) for i in range(len(subs)))
         return lambda td: {k: f(td.get(k)) for k, f in subs.items()}
     if isinstance(spec, NonTensor):
+        if spec.shape and type(space).__name__ == "Tuple":
+            # a batch of values: gymnasium batches these spaces as Tuples
+            return lambda value: tuple(_non_tensor_to_python(value))
         return _non_tensor_to_python
+    # discrete values come back with gymnasium's dtype (the space's, else the one kept at
+    # conversion): an int8 MultiDiscrete must not come back as int64
+    int_dtype = np.dtype(
+        getattr(space, "dtype", None) or spec._meta.get("gym_dtype", None) or np.int64
+    )
     if isinstance(spec, OneHot):
         start = _start(spec)
         if spec.ndim == 1:
-            gym_dtype = np.dtype(spec._meta.get("gym_dtype", np.int64))
-            return lambda t: gym_dtype.type(t.tolist().index(1) + start)
-        return lambda t: t.argmax(-1).cpu().numpy() + start
+            return lambda t: int_dtype.type(t.tolist().index(1) + start)
+        return lambda t: (t.argmax(-1).cpu().numpy() + start).astype(int_dtype, copy=False)
     if isinstance(spec, MultiOneHot):
         nvec, start = spec.nvec.tolist(), _start(spec)
 
         def multi_one_hot(t: torch.Tensor) -> np.ndarray:
             parts = t.split(nvec, -1)
             idx = torch.stack([p.argmax(-1) for p in parts], -1)
-            return idx.cpu().numpy() + start
+            return (idx.cpu().numpy() + start).astype(int_dtype, copy=False)
 
         return multi_one_hot
+    if spec._meta.get("gym_space") is not None:
+        # kept spaces (boolean boxes, multi-dimensional MultiDiscrete): values as they are
+        kept_dtype = np.dtype(spec._meta["gym_space"].dtype)
+        return lambda t: t.detach().cpu().numpy().astype(kept_dtype, copy=False)
     if isinstance(spec, Categorical) and spec.ndim == 0:
         start = _start(spec)
-        gym_dtype = np.dtype(spec._meta.get("gym_dtype", np.int64))
-        return lambda t: gym_dtype.type(t.item() + start)
+        return lambda t: int_dtype.type(t.item() + start)
     if isinstance(spec, (Categorical, MultiCategorical)):
         start = _start(spec)
         if isinstance(start, np.ndarray) or start != 0:
-            return lambda t: t.cpu().numpy() + start
+            return lambda t: (t.cpu().numpy() + start).astype(int_dtype, copy=False)
         return _plain_numpy
     if isinstance(spec, Binary):
         target = np.dtype(getattr(space, "dtype", np.int8) or np.int8)

@@ -70,8 +70,13 @@ class TestFromGym:
         assert isinstance(spec, MultiOneHot) and spec.shape == torch.Size([5])
         cat = from_gym_space(spaces.MultiDiscrete([2, 3]), categorical_action_encoding=True)
         assert isinstance(cat, MultiCategorical) and cat.nvec.tolist() == [2, 3]
-        with pytest.raises(SpecError):
-            from_gym_space(spaces.MultiDiscrete([[2, 3], [3, 2]]))
+        # a grid of values: an integer box, bounds from start and nvec, the space kept
+        grid = spaces.MultiDiscrete([[2, 3], [3, 2]], start=[[1, 0], [0, 5]], dtype=np.int8)
+        spec = from_gym_space(grid)
+        assert isinstance(spec, Bounded) and spec.shape == torch.Size([2, 2])
+        assert spec.dtype == torch.int8
+        assert spec.high.tolist() == [[2, 2], [2, 6]]
+        assert to_gym_space(spec) == grid
 
     def test_multi_binary(self):
         spec = from_gym_space(spaces.MultiBinary(5))
@@ -106,8 +111,31 @@ class TestFromGym:
             assert spec.is_in(spec.encode(space.sample()))
 
     def test_unknown_space(self):
-        with pytest.raises(SpecError):
-            from_gym_space(spaces.Graph(spaces.Box(0, 1, (1,)), None))
+        with pytest.raises(SpecError, match="no spec for gymnasium space"):
+            from_gym_space(object())
+
+    @pytest.mark.parametrize(
+        "space",
+        [
+            spaces.Graph(spaces.Box(0, 1, (1,)), None),
+            spaces.Sequence(spaces.Discrete(3)),
+            spaces.OneOf([spaces.Discrete(2), spaces.Box(0, 1, (2,))]),
+        ],
+    )
+    def test_variable_sized_spaces_are_non_tensor(self, space):
+        spec = from_gym_space(space, batch_size=(3,))
+        assert isinstance(spec, NonTensor) and spec.shape == torch.Size([3])
+        assert to_gym_space(spec[0]) == space
+        # batched, as gymnasium batches them: a Tuple of the space
+        assert to_gym_space(spec) == gym.vector.utils.batch_space(space, 3)
+
+    def test_bool_box(self):
+        space = spaces.Box(np.array([0, 0, 1]), np.array([1, 0, 1]), dtype=np.bool_)
+        spec = from_gym_space(space)
+        assert isinstance(spec, Categorical) and spec.dtype == torch.bool
+        assert to_gym_space(spec) == space
+        value = spec.to_numpy(spec.rand())
+        assert value.dtype == np.bool_
 
     def test_to_numpy_feeds_gym(self):
         space = spaces.Dict({"a": spaces.Box(-1, 1, (2,)), "b": spaces.MultiBinary(3)})
