@@ -8,7 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_leaf_nontensor
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorStack,
+    TensorDict,
+    TensorDictBase,
+    is_leaf_nontensor,
+    is_non_tensor,
+)
 
 from aenv._mdp import mask_merge, time_named, unravel
 from aenv.envs._common import EnvBase
@@ -573,10 +580,21 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 td.tensordicts[i].update(reset.exclude("next", "env_index"))  # type: ignore[attr-defined]
             return td
         written: dict[Any, torch.Tensor] = {}
+        texts: dict[Any, list[Any]] = {}  # non-tensor entries, as lists of the envs' values
         for i, reset in resets:
-            for key in reset.keys(True, True):
+            # is_leaf_nontensor: non-tensor entries (a prompt) are leaves to write too
+            for key in reset.keys(True, True, is_leaf=is_leaf_nontensor):
+                if unravel(key)[0] == "next":
+                    continue
                 value = reset.get(key)
-                if not isinstance(value, torch.Tensor) or unravel(key)[0] == "next":
+                if not isinstance(value, torch.Tensor):
+                    values = texts.get(key)
+                    if values is None:
+                        current = td.get(key, None)
+                        if current is None or not is_non_tensor(current):
+                            continue
+                        values = texts[key] = current.tolist()
+                    values[i] = value.tolist() if is_non_tensor(value) else value
                     continue
                 target = written.get(key)
                 if target is None:
@@ -586,6 +604,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                     target = written[key] = current.clone()
                     td.set(key, target)
                 target[i] = value
+        for key, values in texts.items():
+            td.set(key, NonTensorStack.from_list(values))
         return td
 
     # ------------------------------------------------------------------ seeding, calls
