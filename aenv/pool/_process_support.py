@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -17,7 +18,36 @@ import torch
 from aenv.pool._backend import Failure
 from aenv.pool._channel import Channel, ChannelClosed
 
-__all__ = ["ClosingMixin", "Worker", "kill_all", "kill_quietly", "wait_exit"]
+__all__ = [
+    "ClosingMixin",
+    "Worker",
+    "close_inherited",
+    "kill_all",
+    "kill_quietly",
+    "parent_only",
+    "wait_exit",
+]
+
+# The parent's ends of every worker's sockets and of every lifeline pipe: a worker forked
+# from this process (start method "fork") inherits copies of them, and while any worker
+# holds one, another worker never sees EOF on its socket or lifeline when the parent dies.
+_PARENT_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def parent_only(*handles: Any) -> None:
+    """Mark sockets / connections that a forked worker must close (see
+    :func:`close_inherited`)."""
+    for handle in handles:
+        _PARENT_ONLY.add(handle)
+
+
+def close_inherited() -> None:
+    """In a worker: close the parent-only handles it inherited through a fork (none with
+    forkserver or spawn, whose children start from a fresh interpreter)."""
+    for handle in list(_PARENT_ONLY):
+        with contextlib.suppress(Exception):
+            handle.close()
+    _PARENT_ONLY.clear()
 
 
 class Worker:
@@ -42,6 +72,27 @@ class Worker:
         self.exit_timer: asyncio.TimerHandle | None = None
         #: the ``(env, None)`` items of a stacked batch command (inputs in the blocks)
         self.stacked_items: list[tuple[int, None]] | None = None
+        #: the parent's end of the worker's probe socket (its watchdog thread says whether
+        #: a given-up env still runs on the worker's loop), the answers not yet read, and
+        #: whether the loop watches it
+        self.probe: socket.socket | None = None
+        self.probe_buf = b""
+        self.probe_watched = False
+        #: starts in a row whose envs could not be built, and the timer of the next try
+        self.failed_starts = 0
+        self.respawn_timer: asyncio.TimerHandle | None = None
+
+    def close_probe(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Stop watching and close the probe socket."""
+        sock, self.probe = self.probe, None
+        self.probe_buf = b""
+        if sock is None:
+            return
+        if self.probe_watched and loop is not None and not loop.is_closed():
+            with contextlib.suppress(Exception):
+                loop.remove_reader(sock.fileno())
+        self.probe_watched = False
+        sock.close()
 
     @property
     def pid(self) -> int | None:
@@ -135,11 +186,15 @@ class ClosingMixin:
     _lifeline: Any
     _lifeline_r: Any
     _procs: list[Any]
+    _loop: asyncio.AbstractEventLoop | None
 
     # ------------------------------------------------------------------ closing
     def abort(self) -> None:
         self._closing = True
         for w in self._workers:
+            if w.respawn_timer is not None:
+                w.respawn_timer.cancel()
+            w.close_probe(self._loop)
             if w.chan is not None:
                 w.chan.close()
             if w.proc is not None:
@@ -152,6 +207,10 @@ class ClosingMixin:
         self._closing = True
         loop = asyncio.get_running_loop()
         live = [w for w in self._workers if w.proc is not None and w.state != "closed"]
+        for w in self._workers:
+            if w.respawn_timer is not None:
+                w.respawn_timer.cancel()
+            w.close_probe(loop)
         for w in live:
             for timer in w.ack_timers.values():
                 timer.cancel()

@@ -25,7 +25,15 @@ Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
-lifeline pipe watched by a thread everywhere).
+lifeline pipe watched by a thread everywhere; a forked worker first closes the parent's
+ends of every pipe and socket it inherited, so that EOF comes).
+
+A watchdog thread answers the parent's probes on a second socket: ``<i`` env index in,
+``<i?`` (env index, still running) out, "still running" meaning that env's code is on the
+stack of the loop's thread right now. A step that timed out while it blocks the loop (a
+``time.sleep`` in a sync env) is so told apart from one merely waiting (an async hang,
+which the loop can cancel), and the parent kills the worker at once instead of waiting for
+an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -59,6 +68,7 @@ from aenv.pool._ops import (
     lean_inline,
     runs_inline,
 )
+from aenv.pool._process_support import close_inherited
 from aenv.pool._shm import Slot, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
@@ -112,6 +122,38 @@ def _guard_parent(lifeline_fd: int, parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="aenv-lifeline", daemon=True).start()
 
 
+_PROBE = struct.Struct("<i")
+_ANSWER = struct.Struct("<i?")
+
+
+def _on_stack(env: Any, frame: Any) -> bool:
+    """Whether ``env`` is a local of ``frame`` or of a frame below it: its code runs there."""
+    if env is None:
+        return False
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if value is env:
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _watchdog(probe: socket.socket, envs: dict[int, EnvBase], loop_thread: int) -> None:
+    """Answer the parent's probes (see the module docstring) until the socket closes."""
+    buf = b""
+    try:
+        while data := probe.recv(4096):
+            buf += data
+            while len(buf) >= _PROBE.size:
+                (i,) = _PROBE.unpack_from(buf)
+                buf = buf[_PROBE.size :]
+                frame = sys._current_frames().get(loop_thread)
+                probe.sendall(_ANSWER.pack(i, _on_stack(envs.get(i), frame)))
+                del frame
+    except OSError:
+        pass
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -127,8 +169,10 @@ def worker_main(
     indices: list[int],
     parent_pid: int | None,
     num_threads: int | None,
+    probe: socket.socket | None = None,
 ) -> None:
     """Entry point of a worker process (see the module docstring)."""
+    close_inherited()
     _guard_parent(lifeline.fileno(), parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     if num_threads:
@@ -162,6 +206,13 @@ def worker_main(
         for start in range(0, size, bank_size)
     ]
     runtime = _Runtime(chan, envs, fns, banks[0], banks)
+    if probe is not None:
+        threading.Thread(
+            target=_watchdog,
+            args=(probe, runtime.envs, threading.get_ident()),
+            name="aenv-watchdog",
+            daemon=True,
+        ).start()
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:
