@@ -29,11 +29,12 @@ lifeline pipe watched by a thread everywhere; a forked worker first closes the p
 ends of every pipe and socket it inherited, so that EOF comes).
 
 A watchdog thread answers the parent's probes on a second socket: ``<i`` env index in,
-``<i?`` (env index, still running) out, "still running" meaning that env's code is on the
-stack of the loop's thread right now. A step that timed out while it blocks the loop (a
-``time.sleep`` in a sync env) is so told apart from one merely waiting (an async hang,
-which the loop can cancel), and the parent kills the worker at once instead of waiting for
-an answer that cannot come.
+``<i?`` (env index, blocking) out, "blocking" meaning that the loop did not run a callback
+for :data:`_GRACE` seconds while that env's code was on the stack of the loop's thread. A
+step that timed out while it blocks the loop (a ``time.sleep`` in a sync env) is so told
+apart from one merely waiting (an async hang, which the loop can cancel) or just over (a
+frame that still holds the env as it returns), and the parent kills the worker at once
+instead of waiting for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def _guard_parent(lifeline_fd: int, parent_pid: int | None) -> None:
 
 _PROBE = struct.Struct("<i")
 _ANSWER = struct.Struct("<i?")
+#: seconds the loop must stay blocked, with the env's code on its stack, to count as stuck
+_GRACE = 0.1
 
 
 def _on_stack(env: Any, frame: Any) -> bool:
@@ -138,7 +141,23 @@ def _on_stack(env: Any, frame: Any) -> bool:
     return False
 
 
-def _watchdog(probe: socket.socket, envs: dict[int, EnvBase], loop_thread: int) -> None:
+def _blocking(runtime: _Runtime, i: int, loop_thread: int) -> bool:
+    """Whether env ``i``'s code blocks the loop (see the module docstring)."""
+    env = runtime.envs.get(i)
+    loop = getattr(runtime, "loop", None)
+    if loop is None or not _on_stack(env, sys._current_frames().get(loop_thread)):
+        return False
+    ran = threading.Event()
+    try:
+        loop.call_soon_threadsafe(ran.set)
+    except RuntimeError:  # the loop closed: the worker is exiting
+        return False
+    if ran.wait(_GRACE):
+        return False
+    return _on_stack(env, sys._current_frames().get(loop_thread))
+
+
+def _watchdog(probe: socket.socket, runtime: _Runtime, loop_thread: int) -> None:
     """Answer the parent's probes (see the module docstring) until the socket closes."""
     buf = b""
     try:
@@ -147,9 +166,7 @@ def _watchdog(probe: socket.socket, envs: dict[int, EnvBase], loop_thread: int) 
             while len(buf) >= _PROBE.size:
                 (i,) = _PROBE.unpack_from(buf)
                 buf = buf[_PROBE.size :]
-                frame = sys._current_frames().get(loop_thread)
-                probe.sendall(_ANSWER.pack(i, _on_stack(envs.get(i), frame)))
-                del frame
+                probe.sendall(_ANSWER.pack(i, _blocking(runtime, i, loop_thread)))
     except OSError:
         pass
 
@@ -209,7 +226,7 @@ def worker_main(
     if probe is not None:
         threading.Thread(
             target=_watchdog,
-            args=(probe, runtime.envs, threading.get_ident()),
+            args=(probe, runtime, threading.get_ident()),
             name="aenv-watchdog",
             daemon=True,
         ).start()
