@@ -61,6 +61,7 @@ from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
+    kill_owned,
     kill_quietly,
     parent_only,
     weak_callback,
@@ -970,6 +971,7 @@ class ProcessBackend(ClosingMixin, Backend):
         proc.join(1.0)
         with contextlib.suppress(ValueError):
             self._procs.remove(proc)
+        kill_owned(proc.pid)  # what its sandbox runs started dies with it
         if self._closing:
             return
         pending = [i for i in w.indices if self._inflight[i] is not None]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
 import socket
 import time
 import weakref
@@ -19,9 +20,11 @@ from aenv.pool._backend import Failure
 from aenv.pool._channel import Channel, ChannelClosed
 
 __all__ = [
+    "OWNER_VAR",
     "ClosingMixin",
     "Worker",
     "close_inherited",
+    "kill_owned",
     "kill_all",
     "kill_quietly",
     "parent_only",
@@ -32,6 +35,44 @@ __all__ = [
 # from this process (start method "fork") inherits copies of them, and while any worker
 # holds one, another worker never sees EOF on its socket or lifeline when the parent dies.
 _PARENT_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+#: Set by aenv's code sandbox in every run's environment: the pid of the process that
+#: started the run, so that what a killed worker left running can be found.
+OWNER_VAR = "AENV_OWNER_PID"
+
+
+def kill_owned(pid: int, rounds: int = 10) -> int:
+    """SIGKILL every process whose environment says process ``pid`` (a worker that died)
+    started it: a sandbox run's first process dies with the worker (its death signal), the
+    processes it started would not. Repeated until none is found (a fork storm races the
+    sweep). Linux only (``/proc``); returns how many were killed."""
+    if not os.path.isdir("/proc"):
+        return 0
+    needle = f"{OWNER_VAR}={pid}".encode()
+    killed = 0
+    for _ in range(rounds):
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue  # dead already, its parent reaps it
+            except OSError:  # gone, or not ours to read
+                continue
+            found.append(int(name))
+        if not found:
+            break
+        for p in found:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        killed += len(found)
+    return killed
 
 
 def parent_only(*handles: Any) -> None:
@@ -235,6 +276,8 @@ class ClosingMixin:
         for proc in procs:
             if proc.exitcode is None:
                 kill_quietly(proc)
+                proc.join(5.0)
+                kill_owned(proc.pid)  # what its sandbox runs started dies with it
         for proc in procs:
             proc.join(5.0)
         for w in self._workers:
