@@ -49,6 +49,9 @@ class Interrupter:
 
 
 def main() -> None:
+    # Python's own Ctrl-C handler, as in a terminal (a process started in the background
+    # by a non-interactive shell inherits SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     backend, iterations, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     loop_kind = sys.argv[4] if len(sys.argv) > 4 else "uvloop"
     if loop_kind == "asyncio":
