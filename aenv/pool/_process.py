@@ -233,7 +233,10 @@ class ProcessBackend(ClosingMixin, Backend):
         self._lifeline: Any = None
         self._lifeline_r: Any = None
         self._channels: list[Any] = []  # every worker socket watched (the finalizer's)
-        self._finalizer = weakref.finalize(self, kill_all, self._procs, self._channels)
+        self._probes: list[socket.socket] = []  # every worker's probe socket (the finalizer's)
+        self._finalizer = weakref.finalize(
+            self, kill_all, self._procs, self._channels, self._probes
+        )
 
     # ------------------------------------------------------------------ start
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -329,6 +332,8 @@ class ProcessBackend(ClosingMixin, Backend):
         w.close_probe(self._loop)
         probe.setblocking(False)
         w.probe = probe
+        self._probes[:] = [p for p in self._probes if p.fileno() >= 0]
+        self._probes.append(probe)
         w.proc = proc
         w.chan = Channel(parent_sock)
         self._channels[:] = [c for c in self._channels if not c.closed]
@@ -868,8 +873,10 @@ class ProcessBackend(ClosingMixin, Backend):
         sock, loop = w.probe, self._loop
         if sock is None or loop is None:
             return
+        n = w.probe_count = w.probe_count + 1
+        w.probe_last[env_index] = n
         try:
-            sock.send(struct.pack("<i", env_index))
+            sock.send(struct.pack("<ii", env_index, n))
         except OSError:
             return  # the worker is going: its socket's EOF says so
         if not w.probe_watched:
@@ -890,16 +897,23 @@ class ProcessBackend(ClosingMixin, Backend):
             w.close_probe(self._loop)
             return
         buf = w.probe_buf + data
-        size = struct.calcsize("<i?")
+        size = struct.calcsize("<ii?")
         while len(buf) >= size:
-            env_index, running = struct.unpack_from("<i?", buf)
+            env_index, n, running = struct.unpack_from("<ii?", buf)
             buf = buf[size:]
-            timer = w.ack_timers.get(env_index) if running else None
+            # (an answer to an earlier probe of the env, whose replace was acknowledged,
+            # says nothing of the current one)
+            current = w.probe_last.get(env_index) == n
+            timer = w.ack_timers.get(env_index) if running and current else None
             if timer is not None:
                 # the given-up env blocks the worker's loop: the replace cannot be read
                 timer.cancel()
                 self._unresponsive(w, env_index, blocked=True)
         w.probe_buf = buf
+        if not w.ack_timers and not buf and w.probe is sock and self._loop is not None:
+            # no probe waits for an answer: unwatched until the next one
+            w.probe_watched = False
+            self._loop.remove_reader(sock.fileno())
 
     def _unresponsive(self, w: _Worker, env_index: int, blocked: bool = False) -> None:
         w.ack_timers.pop(env_index, None)

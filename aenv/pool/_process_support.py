@@ -119,6 +119,8 @@ class Worker:
         self.probe: socket.socket | None = None
         self.probe_buf = b""
         self.probe_watched = False
+        self.probe_count = 0
+        self.probe_last: dict[int, int] = {}  # env -> number of its latest probe
         #: starts in a row whose envs could not be built, and the timer of the next try
         self.failed_starts = 0
         self.respawn_timer: asyncio.TimerHandle | None = None
@@ -175,12 +177,17 @@ def kill_quietly(proc: Any) -> None:
             proc.kill()
 
 
-def kill_all(procs: list[Any], channels: list[Any] | None = None) -> None:
+def kill_all(
+    procs: list[Any], channels: list[Any] | None = None, probes: list[Any] | None = None
+) -> None:
     """Finalizer of a backend dropped without being closed: its sockets stop being watched
     and are closed, its workers are killed."""
     for chan in channels or ():
         with contextlib.suppress(Exception):
             _detach_and_close(chan)
+    for sock in probes or ():  # (watched only while a probe waits for its answer)
+        with contextlib.suppress(Exception):
+            sock.close()
     for proc in procs:
         kill_quietly(proc)
     for proc in procs:

@@ -28,8 +28,8 @@ dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, a
 lifeline pipe watched by a thread everywhere; a forked worker first closes the parent's
 ends of every pipe and socket it inherited, so that EOF comes).
 
-A watchdog thread answers the parent's probes on a second socket: ``<i`` env index in,
-``<i?`` (env index, blocking) out, "blocking" meaning that the loop did not run a callback
+A watchdog thread answers the parent's probes on a second socket: ``<ii`` (env index,
+probe number) in, ``<ii?`` (env index, probe number, blocking) out, "blocking" meaning that the loop did not run a callback
 for :data:`_GRACE` seconds while that env's code was on the stack of the loop's thread. A
 step that timed out while it blocks the loop (a ``time.sleep`` in a sync env) is so told
 apart from one merely waiting (an async hang, which the loop can cancel) or just over (a
@@ -123,8 +123,8 @@ def _guard_parent(lifeline_fd: int, parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="aenv-lifeline", daemon=True).start()
 
 
-_PROBE = struct.Struct("<i")
-_ANSWER = struct.Struct("<i?")
+_PROBE = struct.Struct("<ii")
+_ANSWER = struct.Struct("<ii?")
 #: seconds the loop must stay blocked, with the env's code on its stack, to count as stuck
 _GRACE = 0.1
 
@@ -164,9 +164,9 @@ def _watchdog(probe: socket.socket, runtime: _Runtime, loop_thread: int) -> None
         while data := probe.recv(4096):
             buf += data
             while len(buf) >= _PROBE.size:
-                (i,) = _PROBE.unpack_from(buf)
+                i, n = _PROBE.unpack_from(buf)
                 buf = buf[_PROBE.size :]
-                probe.sendall(_ANSWER.pack(i, _blocking(runtime, i, loop_thread)))
+                probe.sendall(_ANSWER.pack(i, n, _blocking(runtime, i, loop_thread)))
     except OSError:
         pass
 
