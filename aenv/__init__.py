@@ -48,6 +48,7 @@ from aenv.exceptions import (
     SpecViolationError,
     StepTimeoutError,
     WorkerCrashedError,
+    WorkerRestartError,
 )
 from aenv.libs.envpool import MultiThreadedEnv, MultiThreadedEnvWrapper
 from aenv.libs.gym import (
@@ -273,6 +274,7 @@ __all__ = [
     "TensorSpec",
     "Unbounded",
     "WorkerCrashedError",
+    "WorkerRestartError",
     "acheck_env_specs",
     "check_env_specs",
     "exceptions",

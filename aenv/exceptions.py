@@ -15,6 +15,7 @@
     ├── SpaceMismatchError (RuntimeError)      sub-env spaces a gymnasium vector env cannot batch
     ├── EnvStepError (RuntimeError)            a sub-env raised while working
     │   └── WorkerCrashedError                 a worker process died
+    │       └── WorkerRestartError             a dead worker could not be brought back
     ├── StepTimeoutError (TimeoutError)        a sub-env step ran past its deadline
     ├── PoolError (RuntimeError)               several sub-envs failed in one call
     ├── AsyncContextError (RuntimeError)       a blocking sync API called in a running loop
@@ -45,6 +46,7 @@ __all__ = [
     "SpecViolationError",
     "StepTimeoutError",
     "WorkerCrashedError",
+    "WorkerRestartError",
 ]
 
 
@@ -174,6 +176,14 @@ class WorkerCrashedError(EnvStepError):
         if self.exitcode is not None and self.exitcode < 0:
             return -self.exitcode
         return None
+
+
+class WorkerRestartError(WorkerCrashedError):
+    """Raised when a worker process was given up after its env factories kept failing on restart."""
+
+    def __init__(self, message: str, *, env_index: int | None = None, attempts: int = 0) -> None:
+        super().__init__(message, env_index=env_index)
+        self.attempts = attempts
 
 
 class StepTimeoutError(AenvError, TimeoutError):

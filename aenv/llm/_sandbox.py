@@ -11,7 +11,9 @@ catches ``setsid`` escapees that left the group. Repeat until none is found.
 Limits of this (a subprocess sandbox, not a container): a process that re-executes itself
 with a cleared environment *and* leaves the session escapes the sweep; a hard kill of the
 process that started a run (``SIGKILL``) takes the run's first process down through the death
-signal, but not its own children. A process cap (``RLIMIT_NPROC``) counts every process of
+signal, but not its own children: where that process is a process pool's worker, the pool
+kills them when it sees the worker die (each run's environment names the process that
+started it). A process cap (``RLIMIT_NPROC``) counts every process of
 the user and does not apply to root: run as root, give ``user=`` (e.g. ``"nobody"``) for it.
 """
 
@@ -39,6 +41,7 @@ import anyio
 
 from aenv.exceptions import SandboxError
 from aenv.llm._limiter import Limiter
+from aenv.pool._process_support import OWNER_VAR
 
 __all__ = ["SandboxLimits", "SandboxResult", "SubprocessSandbox", "live_sandboxes"]
 
@@ -324,6 +327,9 @@ class SubprocessSandbox:
             **self.extra_env,
         }
         env[MARKER] = token
+        # the pid of this process: a process pool that sees its worker killed sweeps up
+        # what the worker's runs started (aenv.pool._process_support.kill_owned)
+        env[OWNER_VAR] = str(os.getpid())
         return env
 
     def _scratch(self, files: Mapping[str, str] | None) -> str:

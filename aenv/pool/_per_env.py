@@ -17,6 +17,7 @@ from aenv.exceptions import BatchSizeError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import _Dispatcher
 from aenv.pool._stream import _as_index
+from aenv.pool._sub_checks import check_sub_inputs
 
 __all__ = ["PerEnvMixin"]
 
@@ -30,7 +31,7 @@ class PerEnvMixin(_Dispatcher):
     _check_open: Any  # EnvBase's
     _next_input: Any  # StreamMixin's
 
-    def _one_input(self, env_index: int, td: TensorDictBase | None) -> None:
+    def _one_input(self, env_index: int, td: TensorDictBase | None, op: str = "reset") -> None:
         self._check_open()
         env_index = _as_index(env_index)
         if not 0 <= env_index < self.num_envs:
@@ -40,6 +41,7 @@ class PerEnvMixin(_Dispatcher):
                 f"env {env_index}'s input must have the sub-env batch size "
                 f"{tuple(self._sub_batch)}, got {tuple(td.batch_size)}"
             )
+        check_sub_inputs(self, op, (env_index,), (td,))
 
     @staticmethod
     def _outcome(outcome: Any) -> Any:
@@ -62,7 +64,7 @@ class PerEnvMixin(_Dispatcher):
             >>> td = await pool.step_one(3, pool.rand_action_one(3, td))
             >>> td["next", "observation"]
         """
-        self._one_input(env_index, tensordict)
+        self._one_input(env_index, tensordict, "step")
         nxt = self._outcome(await self._run_one("step", env_index, tensordict))
         tensordict.set("next", nxt)
         return tensordict
@@ -81,8 +83,8 @@ class PerEnvMixin(_Dispatcher):
     ) -> tuple[TensorDictBase, TensorDictBase]:
         """Step env ``env_index`` and reset it if done: ``(stepped, next_input)`` as
         :meth:`EnvBase.step_and_maybe_reset` returns them. See :meth:`step_one`."""
-        self._one_input(env_index, tensordict)
         op = "step_and_maybe_reset"
+        self._one_input(env_index, tensordict, op)
         nxt, reset = self._outcome(await self._run_one(op, env_index, tensordict))
         tensordict.set("next", nxt)
         return tensordict, self._next_input(tensordict, reset)

@@ -37,6 +37,7 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import sys
 import threading
 import weakref
@@ -53,10 +54,18 @@ from aenv.exceptions import (
     EnvStepError,
     StepTimeoutError,
     WorkerCrashedError,
+    WorkerRestartError,
 )
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._process_support import ClosingMixin, kill_all, kill_quietly, weak_callback
+from aenv.pool._process_support import (
+    ClosingMixin,
+    kill_all,
+    kill_owned,
+    kill_quietly,
+    parent_only,
+    weak_callback,
+)
 from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import PICKLED, SLOT, worker_main
 from aenv.pool._shm import (
@@ -148,7 +157,13 @@ class ProcessBackend(ClosingMixin, Backend):
         num_threads: ``torch.set_num_threads`` in each worker (default 1; None leaves it).
         restart_workers: respawn a worker that died (default True).
         replace_timeout: seconds a worker has to answer when one of its envs is given up
-            (step timeout, restart) before it is killed and respawned (default 2).
+            (step timeout, restart) before it is killed and respawned (default 2). A worker
+            whose loop is blocked by the given-up env itself (its watchdog thread sees the
+            env's code running there) is killed at once.
+        restart_attempts: starts in a row whose envs fail to build (a factory that raises
+            after a crash) before a worker is given up, its envs then failing with
+            :class:`~aenv.exceptions.WorkerRestartError` (default 5); the tries back off,
+            ``restart_backoff`` seconds doubling each time (default 0.1).
     """
 
     name = "process"
@@ -166,6 +181,8 @@ class ProcessBackend(ClosingMixin, Backend):
         num_threads: int | None = 1,
         restart_workers: bool = True,
         replace_timeout: float = 2.0,
+        restart_attempts: int = 5,
+        restart_backoff: float = 0.1,
     ) -> None:
         super().__init__(deliver)
         if sys.platform == "win32":  # pragma: no cover
@@ -183,6 +200,10 @@ class ProcessBackend(ClosingMixin, Backend):
         self.num_threads = num_threads
         self.restart_workers = restart_workers
         self.replace_timeout = replace_timeout
+        if restart_attempts < 1:
+            raise ValueError(f"restart_attempts must be >= 1, got {restart_attempts}")
+        self.restart_attempts = restart_attempts
+        self.restart_backoff = restart_backoff
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -210,7 +231,10 @@ class ProcessBackend(ClosingMixin, Backend):
         self._lifeline: Any = None
         self._lifeline_r: Any = None
         self._channels: list[Any] = []  # every worker socket watched (the finalizer's)
-        self._finalizer = weakref.finalize(self, kill_all, self._procs, self._channels)
+        self._probes: list[socket.socket] = []  # every worker's probe socket (the finalizer's)
+        self._finalizer = weakref.finalize(
+            self, kill_all, self._procs, self._channels, self._probes
+        )
 
     # ------------------------------------------------------------------ start
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -227,6 +251,7 @@ class ProcessBackend(ClosingMixin, Backend):
         if self.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["aenv.pool._process_worker"])
         self._lifeline_r, self._lifeline = self._ctx.Pipe(duplex=False)
+        parent_only(self._lifeline)
         self._bank_slots = [[None] * n for _ in range(BANKS)]
         self._bank_rows = [[None] * n for _ in range(BANKS)]
         self._slots = self._bank_slots[0]
@@ -276,18 +301,37 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def _spawn(self, w: _Worker) -> None:
         parent_sock, child_sock = socket.socketpair()
+        probe, child_probe = socket.socketpair()
+        parent_only(parent_sock, probe)
         main_thread = threading.current_thread() is threading.main_thread()
         watch_pid = os.getpid() if self.start_method != "forkserver" and main_thread else None
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=worker_main,
-            args=(child_sock, self._lifeline_r, w.blob, w.indices, watch_pid, self.num_threads),
+            args=(
+                child_sock,
+                self._lifeline_r,
+                w.blob,
+                w.indices,
+                watch_pid,
+                self.num_threads,
+                child_probe,
+            ),
             name=f"aenv-worker-{w.wid}",
             daemon=True,
         )
         try:
             proc.start()
+        except BaseException:
+            probe.close()
+            raise
         finally:
             child_sock.close()
+            child_probe.close()
+        w.close_probe(self._loop)
+        probe.setblocking(False)
+        w.probe = probe
+        self._probes[:] = [p for p in self._probes if p.fileno() >= 0]
+        self._probes.append(probe)
         w.proc = proc
         w.chan = Channel(parent_sock)
         self._channels[:] = [c for c in self._channels if not c.closed]
@@ -321,6 +365,7 @@ class ProcessBackend(ClosingMixin, Backend):
                 exc.add_note(f"Remote traceback (worker {w.wid}):\n{tb.rstrip()}")
             raise exc
         metas: dict[int, EnvMetaData] = msg[1]
+        w.failed_starts = 0
         if w.region_fd < 0:
             w.layouts, groups, w.bank_size = plan_layout(metas)
             w.region_size = BANKS * w.bank_size
@@ -817,15 +862,69 @@ class ProcessBackend(ClosingMixin, Backend):
             w.ack_timers[env_index] = self._loop.call_later(
                 self.replace_timeout, self._unresponsive, w, env_index
             )
+            self._probe(w, env_index)
 
-    def _unresponsive(self, w: _Worker, env_index: int) -> None:
+    def _probe(self, w: _Worker, env_index: int) -> None:
+        """Ask the worker's watchdog whether env ``env_index`` still runs on its loop."""
+        sock, loop = w.probe, self._loop
+        if sock is None or loop is None:
+            return
+        n = w.probe_count = w.probe_count + 1
+        w.probe_last[env_index] = n
+        try:
+            sock.send(struct.pack("<ii", env_index, n))
+        except OSError:
+            return  # the worker is going: its socket's EOF says so
+        if not w.probe_watched:
+            w.probe_watched = True
+            loop.add_reader(sock.fileno(), weak_callback(self._on_probe, w))
+
+    def _on_probe(self, w: _Worker) -> None:
+        sock = w.probe
+        if sock is None:
+            return
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            w.close_probe(self._loop)
+            return
+        buf = w.probe_buf + data
+        size = struct.calcsize("<ii?")
+        while len(buf) >= size:
+            env_index, n, running = struct.unpack_from("<ii?", buf)
+            buf = buf[size:]
+            # (an answer to an earlier probe of the env, whose replace was acknowledged,
+            # says nothing of the current one)
+            current = w.probe_last.get(env_index) == n
+            timer = w.ack_timers.get(env_index) if running and current else None
+            if timer is not None:
+                # the given-up env blocks the worker's loop: the replace cannot be read
+                timer.cancel()
+                self._unresponsive(w, env_index, blocked=True)
+        w.probe_buf = buf
+        if not w.ack_timers and not buf and w.probe is sock and self._loop is not None:
+            # no probe waits for an answer: unwatched until the next one
+            w.probe_watched = False
+            self._loop.remove_reader(sock.fileno())
+
+    def _unresponsive(self, w: _Worker, env_index: int, blocked: bool = False) -> None:
         w.ack_timers.pop(env_index, None)
         if w.state != "ready" or w.proc is None:
             return
-        w.kill_reason = (
-            f"it was killed after env {env_index} was given up and the worker did not answer "
-            f"within {self.replace_timeout} s"
-        )
+        if blocked:
+            w.kill_reason = (
+                f"it was killed because env {env_index}, given up, kept the worker's loop "
+                "blocked (its code was still running there)"
+            )
+        else:
+            w.kill_reason = (
+                f"it was killed after env {env_index} was given up and the worker did not "
+                f"answer within {self.replace_timeout} s"
+            )
         with contextlib.suppress(ProcessLookupError):
             os.kill(w.proc.pid, signal.SIGKILL)
 
@@ -851,24 +950,27 @@ class ProcessBackend(ClosingMixin, Backend):
                 w.chan.close()
             return
         starting = w.state == "starting"
+        # its envs failed to build on this start (a factory raising after a crash)
+        unbuilt = w.state == "broken"
         w.state = "dead"
         for i in w.indices:
             self._fences.pop(i, None)
         if w.chan is not None:
             w.chan.close()
+        w.close_probe(self._loop)
         for timer in w.ack_timers.values():
             timer.cancel()
         w.ack_timers.clear()
         proc, loop = w.proc, self._loop
         proc.join(0)
         if proc.exitcode is not None or loop is None:
-            self._reap(w, starting)
+            self._reap(w, starting, unbuilt)
             return
         # The socket closes a moment before the process is gone: wait for its sentinel.
-        loop.add_reader(proc.sentinel, weak_callback(self._reap, w, starting))
+        loop.add_reader(proc.sentinel, weak_callback(self._reap, w, starting, unbuilt))
         w.exit_timer = loop.call_later(2.0, kill_quietly, proc)
 
-    def _reap(self, w: _Worker, starting: bool) -> None:
+    def _reap(self, w: _Worker, starting: bool, unbuilt: bool = False) -> None:
         proc = w.proc
         if self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(Exception):
@@ -879,6 +981,7 @@ class ProcessBackend(ClosingMixin, Backend):
         proc.join(1.0)
         with contextlib.suppress(ValueError):
             self._procs.remove(proc)
+        kill_owned(proc.pid)  # what its sandbox runs started dies with it
         if self._closing:
             return
         pending = [i for i in w.indices if self._inflight[i] is not None]
@@ -905,6 +1008,36 @@ class ProcessBackend(ClosingMixin, Backend):
         if starting or not self.restart_workers:
             w.failure = Failure(self._crash_error(w, None, "and was not restarted"), "")
             self._fail_worker_envs(w, w.failure)
+            return
+        if unbuilt:
+            self._respawn_later(w)
+            return
+        self._respawn(w)
+
+    def _respawn_later(self, w: _Worker) -> None:
+        """The worker's envs could not be built on its last start: try again after a
+        backoff, or give it up after ``restart_attempts`` such starts in a row. Meanwhile
+        its envs are refused with the factory's error."""
+        w.failed_starts += 1
+        last = w.failure
+        if w.failed_starts >= self.restart_attempts or self._loop is None:
+            cause = last.exc if last is not None else None
+            err = WorkerRestartError(
+                f"worker {w.wid} was given up: its envs failed to build on "
+                f"{w.failed_starts} restarts in a row"
+                + (f" (last: {type(cause).__name__}: {cause})" if cause is not None else ""),
+                attempts=w.failed_starts,
+            )
+            err.__cause__ = cause
+            self._fail_worker_envs(w, Failure(err, last.traceback if last is not None else ""))
+            return
+        self._fail_worker_envs(w, last)
+        delay = self.restart_backoff * 2 ** (w.failed_starts - 1)
+        w.respawn_timer = self._loop.call_later(delay, weak_callback(self._respawn, w))
+
+    def _respawn(self, w: _Worker) -> None:
+        w.respawn_timer = None
+        if self._closing:
             return
         w.kill_reason = None
         self._spawn(w)

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -17,7 +19,76 @@ import torch
 from aenv.pool._backend import Failure
 from aenv.pool._channel import Channel, ChannelClosed
 
-__all__ = ["ClosingMixin", "Worker", "kill_all", "kill_quietly", "wait_exit"]
+__all__ = [
+    "OWNER_VAR",
+    "ClosingMixin",
+    "Worker",
+    "close_inherited",
+    "kill_owned",
+    "kill_all",
+    "kill_quietly",
+    "parent_only",
+    "wait_exit",
+]
+
+# The parent's ends of every worker's sockets and of every lifeline pipe: a worker forked
+# from this process (start method "fork") inherits copies of them, and while any worker
+# holds one, another worker never sees EOF on its socket or lifeline when the parent dies.
+_PARENT_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+#: Set by aenv's code sandbox in every run's environment: the pid of the process that
+#: started the run, so that what a killed worker left running can be found.
+OWNER_VAR = "AENV_OWNER_PID"
+
+
+def kill_owned(pid: int, rounds: int = 10) -> int:
+    """SIGKILL every process whose environment says process ``pid`` (a worker that died)
+    started it: a sandbox run's first process dies with the worker (its death signal), the
+    processes it started would not. Repeated until none is found (a fork storm races the
+    sweep). Linux only (``/proc``); returns how many were killed."""
+    if not os.path.isdir("/proc"):
+        return 0
+    needle = f"{OWNER_VAR}={pid}".encode()
+    killed = 0
+    for _ in range(rounds):
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue  # dead already, its parent reaps it
+            except OSError:  # gone, or not ours to read
+                continue
+            found.append(int(name))
+        if not found:
+            break
+        for p in found:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        killed += len(found)
+    return killed
+
+
+def parent_only(*handles: Any) -> None:
+    """Mark sockets / connections that a forked worker must close (see
+    :func:`close_inherited`)."""
+    for handle in handles:
+        _PARENT_ONLY.add(handle)
+
+
+def close_inherited() -> None:
+    """In a worker: close the parent-only handles it inherited through a fork (none with
+    forkserver or spawn, whose children start from a fresh interpreter)."""
+    for handle in list(_PARENT_ONLY):
+        with contextlib.suppress(Exception):
+            handle.close()
+    _PARENT_ONLY.clear()
 
 
 class Worker:
@@ -42,6 +113,29 @@ class Worker:
         self.exit_timer: asyncio.TimerHandle | None = None
         #: the ``(env, None)`` items of a stacked batch command (inputs in the blocks)
         self.stacked_items: list[tuple[int, None]] | None = None
+        #: the parent's end of the worker's probe socket (its watchdog thread says whether
+        #: a given-up env still runs on the worker's loop), the answers not yet read, and
+        #: whether the loop watches it
+        self.probe: socket.socket | None = None
+        self.probe_buf = b""
+        self.probe_watched = False
+        self.probe_count = 0
+        self.probe_last: dict[int, int] = {}  # env -> number of its latest probe
+        #: starts in a row whose envs could not be built, and the timer of the next try
+        self.failed_starts = 0
+        self.respawn_timer: asyncio.TimerHandle | None = None
+
+    def close_probe(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Stop watching and close the probe socket."""
+        sock, self.probe = self.probe, None
+        self.probe_buf = b""
+        if sock is None:
+            return
+        if self.probe_watched and loop is not None and not loop.is_closed():
+            with contextlib.suppress(Exception):
+                loop.remove_reader(sock.fileno())
+        self.probe_watched = False
+        sock.close()
 
     @property
     def pid(self) -> int | None:
@@ -83,12 +177,17 @@ def kill_quietly(proc: Any) -> None:
             proc.kill()
 
 
-def kill_all(procs: list[Any], channels: list[Any] | None = None) -> None:
+def kill_all(
+    procs: list[Any], channels: list[Any] | None = None, probes: list[Any] | None = None
+) -> None:
     """Finalizer of a backend dropped without being closed: its sockets stop being watched
     and are closed, its workers are killed."""
     for chan in channels or ():
         with contextlib.suppress(Exception):
             _detach_and_close(chan)
+    for sock in probes or ():  # (watched only while a probe waits for its answer)
+        with contextlib.suppress(Exception):
+            sock.close()
     for proc in procs:
         kill_quietly(proc)
     for proc in procs:
@@ -135,11 +234,15 @@ class ClosingMixin:
     _lifeline: Any
     _lifeline_r: Any
     _procs: list[Any]
+    _loop: asyncio.AbstractEventLoop | None
 
     # ------------------------------------------------------------------ closing
     def abort(self) -> None:
         self._closing = True
         for w in self._workers:
+            if w.respawn_timer is not None:
+                w.respawn_timer.cancel()
+            w.close_probe(self._loop)
             if w.chan is not None:
                 w.chan.close()
             if w.proc is not None:
@@ -152,6 +255,10 @@ class ClosingMixin:
         self._closing = True
         loop = asyncio.get_running_loop()
         live = [w for w in self._workers if w.proc is not None and w.state != "closed"]
+        for w in self._workers:
+            if w.respawn_timer is not None:
+                w.respawn_timer.cancel()
+            w.close_probe(loop)
         for w in live:
             for timer in w.ack_timers.values():
                 timer.cancel()
@@ -176,6 +283,8 @@ class ClosingMixin:
         for proc in procs:
             if proc.exitcode is None:
                 kill_quietly(proc)
+                proc.join(5.0)
+                kill_owned(proc.pid)  # what its sandbox runs started dies with it
         for proc in procs:
             proc.join(5.0)
         for w in self._workers:

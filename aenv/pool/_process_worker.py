@@ -24,7 +24,16 @@ Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
-lifeline pipe watched by a thread everywhere).
+lifeline pipe watched by a thread everywhere; a forked worker first closes the parent's
+ends of every pipe and socket it inherited, so that EOF comes).
+
+A watchdog thread answers the parent's probes on a second socket: ``<ii`` (env index,
+probe number) in, ``<ii?`` (env index, probe number, blocking) out, "blocking" meaning that the loop did not run a callback
+for :data:`_GRACE` seconds while that env's code was on the stack of the loop's thread. A
+step that timed out while it blocks the loop (a ``time.sleep`` in a sync env) is so told
+apart from one merely waiting (an async hang, which the loop can cancel) or just over (a
+frame that still holds the env as it returns), and the parent kills the worker at once
+instead of waiting for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -58,6 +68,7 @@ from aenv.pool._ops import (
     lean_inline,
     runs_inline,
 )
+from aenv.pool._process_support import close_inherited
 from aenv.pool._shm import Slot, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
@@ -111,6 +122,54 @@ def _guard_parent(lifeline_fd: int, parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="aenv-lifeline", daemon=True).start()
 
 
+_PROBE = struct.Struct("<ii")
+_ANSWER = struct.Struct("<ii?")
+#: seconds the loop must stay blocked, with the env's code on its stack, to count as stuck
+_GRACE = 0.1
+
+
+def _on_stack(env: Any, frame: Any) -> bool:
+    """Whether ``env`` is a local of ``frame`` or of a frame below it: its code runs there."""
+    if env is None:
+        return False
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if value is env:
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _blocking(runtime: _Runtime, i: int, loop_thread: int) -> bool:
+    """Whether env ``i``'s code blocks the loop (see the module docstring)."""
+    env = runtime.envs.get(i)
+    loop = getattr(runtime, "loop", None)
+    if loop is None or not _on_stack(env, sys._current_frames().get(loop_thread)):
+        return False
+    ran = threading.Event()
+    try:
+        loop.call_soon_threadsafe(ran.set)
+    except RuntimeError:  # the loop closed: the worker is exiting
+        return False
+    if ran.wait(_GRACE):
+        return False
+    return _on_stack(env, sys._current_frames().get(loop_thread))
+
+
+def _watchdog(probe: socket.socket, runtime: _Runtime, loop_thread: int) -> None:
+    """Answer the parent's probes (see the module docstring) until the socket closes."""
+    buf = b""
+    try:
+        while data := probe.recv(4096):
+            buf += data
+            while len(buf) >= _PROBE.size:
+                i, n = _PROBE.unpack_from(buf)
+                buf = buf[_PROBE.size :]
+                probe.sendall(_ANSWER.pack(i, n, _blocking(runtime, i, loop_thread)))
+    except OSError:
+        pass
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -126,8 +185,10 @@ def worker_main(
     indices: list[int],
     parent_pid: int | None,
     num_threads: int | None,
+    probe: socket.socket | None = None,
 ) -> None:
     """Entry point of a worker process (see the module docstring)."""
+    close_inherited()
     _guard_parent(lifeline.fileno(), parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     if num_threads:
@@ -161,6 +222,13 @@ def worker_main(
         for start in range(0, size, bank_size)
     ]
     runtime = _Runtime(chan, envs, fns, banks[0], banks)
+    if probe is not None:
+        threading.Thread(
+            target=_watchdog,
+            args=(probe, runtime, threading.get_ident()),
+            name="aenv-watchdog",
+            daemon=True,
+        ).start()
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:

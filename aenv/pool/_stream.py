@@ -17,6 +17,7 @@ from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
 from aenv.pool._stacking import stack_results, unbind0
+from aenv.pool._sub_checks import check_sub_inputs
 
 __all__ = ["StreamMixin"]
 
@@ -61,6 +62,8 @@ class StreamMixin(_Dispatcher):
         if len(set(indices)) != len(indices):
             raise ValueError(f"an env index appears twice in one send: {indices}")
         self._check_free(indices)
+        # the inputs are checked as pool.step checks them, before anything is sent
+        check_sub_inputs(self, op, indices, subs)
         for i, sub in zip(indices, subs):
             payload: Any = (sub, {}) if op == "reset" else sub
             t = _Ticket(i, op, payload, None, 0)

@@ -15,12 +15,15 @@ result will be dropped; it exits once its step returns) and the env is rebuilt i
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
 import queue
 import threading
+import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -217,6 +220,7 @@ class ThreadBackend(Backend):
 
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
         self.env_fns = list(env_fns)
+        _live.add(self)
         self._workers = [_Worker(self, i, fn, want_meta=True) for i, fn in enumerate(self.env_fns)]
         for w in self._workers:
             w.built.wait()
@@ -318,3 +322,31 @@ class ThreadBackend(Backend):
 def _set_done(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+# ---------------------------------------------------------------- at interpreter exit
+# A pool nobody closed (user code raised mid-run) leaves its env threads alive at exit. As
+# daemon threads they would be frozen by the interpreter's finalisation wherever they are;
+# one inside torch (a C++ frame holding no GIL) then unwinds through C++ and aborts the
+# process ("terminate called without an active exception", exit 134). So at exit every env
+# thread is told to stop and given a moment to finish its step and close its env.
+_live: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
+_EXIT_GRACE = 5.0
+
+
+def _stop_at_exit() -> None:
+    workers = []
+    for backend in list(_live):
+        for w in [*backend._workers, *backend._retired]:
+            w.closing = True
+            w.stop()
+            w.cancel_current()
+            w.interrupt()
+            workers.append(w)
+    deadline = time.monotonic() + _EXIT_GRACE
+    for w in workers:
+        # a thread stuck in a call that never returns is left (a daemon, as before)
+        w.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_stop_at_exit)

@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -222,7 +223,39 @@ class Runner:
         timeout: float | None,
         job: _Job | None,
     ) -> T:
-        """Runs the loop in the current thread (which runs no loop) until ``coro`` is done."""
+        """Runs the loop in the current thread (which runs no loop) until ``coro`` is done.
+
+        On the main thread, Ctrl-C cancels the call instead of raising wherever the loop
+        is (see :class:`_SigintGuard`): the call raises :class:`KeyboardInterrupt` once its
+        cleanup ran, and the next call finds the loop and the pools consistent."""
+        guard = _SigintGuard.install(self._loop)
+        if guard is None:
+            return self._run_locked(coro, deadline, timeout, job, None)
+        try:
+            result = self._run_locked(coro, deadline, timeout, job, guard)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            if guard.fired:
+                # the cancellation (or what it caused) is the interrupt's doing
+                raise KeyboardInterrupt from (
+                    None if isinstance(exc, asyncio.CancelledError) else exc
+                )
+            raise
+        finally:
+            guard.restore()
+        if guard.fired:
+            raise KeyboardInterrupt  # the call finished first: its result is dropped
+        return result
+
+    def _run_locked(
+        self,
+        coro: Awaitable[T],
+        deadline: float | None,
+        timeout: float | None,
+        job: _Job | None,
+        guard: _SigintGuard | None,
+    ) -> T:
         if deadline is None:
             self._lock.acquire()
         elif not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -242,6 +275,10 @@ class Runner:
                 task = job.context.run(loop.create_task, coro)
                 job.task = task
                 if job.cancel_requested:
+                    task.cancel()
+            if guard is not None:
+                guard.task = task
+                if guard.fired:
                     task.cancel()
             if deadline is None:
                 return self._drive(task)
@@ -388,6 +425,54 @@ class Runner:
                 loop.close()
         finally:
             self._lock.release()
+
+
+_MAIN_THREAD = threading.main_thread().ident
+
+
+def _noop() -> None:
+    pass
+
+
+class _SigintGuard:
+    """Ctrl-C during a runner call on the main thread: the call's task is cancelled, rather
+    than :class:`KeyboardInterrupt` raised at whatever line the loop runs (inside a pool's
+    callback, half-way through handing a result over, inside the loop's own machinery),
+    which can leave a result queued for a later call, a loop marked running, or a task
+    nobody waits for. Installed only over Python's default handler, for one call (as
+    :class:`asyncio.Runner` does); a second Ctrl-C raises at once."""
+
+    __slots__ = ("fired", "loop", "previous", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, previous: Any) -> None:
+        self.loop = loop
+        self.previous = previous
+        self.fired = False
+        self.task: asyncio.Task[Any] | None = None
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop) -> _SigintGuard | None:
+        if threading.get_ident() != _MAIN_THREAD:
+            return None
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.default_int_handler:
+            return None  # the user's own handler (or SIG_IGN) stays in charge
+        guard = cls(loop, previous)
+        signal.signal(signal.SIGINT, guard._on_sigint)
+        return guard
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.fired:
+            raise KeyboardInterrupt
+        self.fired = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(_noop)  # wake a loop asleep in its selector
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self.previous)
 
 
 def _discard(coro: object) -> None:
