@@ -389,7 +389,7 @@ class _TimeRows:
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
         step's ``"next"`` row kept aside first), then the next input."""
-        self.saved[t] = [(key, rows[t + 1].copy()) for key, rows in self.shared_np]
+        self.saved[t] = [(key, rows[t + 1, ...].copy()) for key, rows in self.shared_np]
         stepped = self.buffer if self.buffer is not None else td.copy().set("next", self.out[t])
         out = await self.env._reset_into(stepped, self.reset_out, t)
         if out is not True:
