@@ -50,6 +50,8 @@ async def call_policy(policy: Callable[..., Any], td: TensorDictBase) -> TensorD
     a new TensorDict (an out-of-place policy) is merged into ``td``, as TorchRL does, so the
     step keeps its observations and done flags."""
     out = policy(td)
+    if out is td:  # (the common case first: a plain policy writing in place)
+        return td
     if inspect.isawaitable(out):
         out = await out
     if out is None or out is td:

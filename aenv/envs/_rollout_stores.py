@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
@@ -284,7 +285,8 @@ class _TimeRows:
         self.draws = draws
         self.count = 0
         self.truncate = False
-        self.saved: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self.saved: dict[int, list[tuple[str, np.ndarray]]] = {}
+        self.shared_np = [(key, leaf.numpy()) for key, leaf in shared.items()]
         size, dev = torch.Size((steps,)), first.device
 
         def td(entries: dict[str, Any]) -> TensorDictBase:
@@ -387,7 +389,7 @@ class _TimeRows:
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
         step's ``"next"`` row kept aside first), then the next input."""
-        self.saved[t] = [(key, leaf[t + 1].clone()) for key, leaf in self.shared.items()]
+        self.saved[t] = [(key, rows[t + 1, ...].copy()) for key, rows in self.shared_np]
         stepped = self.buffer if self.buffer is not None else td.copy().set("next", self.out[t])
         out = await self.env._reset_into(stepped, self.reset_out, t)
         if out is not True:
@@ -429,7 +431,7 @@ class _TimeRows:
         for t, saved in self.saved.items():
             if t < n:
                 for key, value in saved:
-                    entries[key][t] = value
+                    entries[key][t] = torch.from_numpy(value)
         if self.truncate:
             for key in self.env.done_keys:
                 if unravel(key)[-1] in ("truncated", "done"):

@@ -310,8 +310,11 @@ class GymWrapper(GymLikeEnv):
         fresh tensors built with the specs' dtypes and shapes (assembled without validation).
         ``tensordict`` is the input, or a buffer of inputs (a leading dim) whose row
         ``index`` is."""
-        src = tensordict._tensordict if type(tensordict) is TensorDict else tensordict
-        if tensordict.batch_size:
+        if type(tensordict) is TensorDict:
+            src, rows = tensordict._tensordict, bool(tensordict._batch_size)
+        else:
+            src, rows = tensordict, bool(tensordict.batch_size)
+        if rows:
             action = self._row_action(src["action"], index)
         else:
             action = self._action_writer(src["action"])

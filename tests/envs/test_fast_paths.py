@@ -355,6 +355,8 @@ ENVS = {
     "cartpole-onehot": lambda: GymEnv("CartPole-v1"),
     "cartpole-categorical": lambda: GymEnv("CartPole-v1", categorical_action_encoding=True),
     "frozenlake": lambda: GymEnv("FrozenLake-v1"),
+    # (a scalar observation: rows of 0-d values)
+    "frozenlake-categorical": lambda: GymEnv("FrozenLake-v1", categorical_action_encoding=True),
     "text": lambda: TextEnv(max_steps=3),
 }
 
@@ -403,7 +405,13 @@ def _assert_same(a, b):
 
 # where the overridden hooks must have had the steps kept in time rows (pendulum keeps
 # state at the root, the text env's data is no tensor: TensorDicts both ways)
-ROWS = {"counting", "cartpole-onehot", "cartpole-categorical", "frozenlake"}
+ROWS = {
+    "counting",
+    "cartpole-onehot",
+    "cartpole-categorical",
+    "frozenlake",
+    "frozenlake-categorical",
+}
 
 
 @pytest.mark.timeout(120)
@@ -444,7 +452,7 @@ async def test_rollout_default_and_overridden_hooks_agree(name, case, monkeypatc
     assert out.names[-1] == "time"
     if kwargs.get("break_when_any_done", True):
         assert not out["next", "done"][:-1].any()
-    elif name in ("counting", "cartpole-onehot", "frozenlake") and steps > 100:
+    elif name in ("counting", "cartpole-onehot", "frozenlake-categorical") and steps > 100:
         assert out["next", "done"].sum() >= 2  # episode ends (and resets) inside
 
 
