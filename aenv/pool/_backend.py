@@ -7,7 +7,8 @@ until it is asked for, and a new one plugs in by adding one line here.
 
 The contract, in full. Required: :meth:`~Backend.start`, :meth:`~Backend.submit`,
 :meth:`~Backend.replace`, :meth:`~Backend.aclose`; with defaults: :meth:`~Backend.cancel`,
-:meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process backends only). A backend
+:meth:`~Backend.settle`, :meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process
+backends only). A backend
 that implements just these (the thread and Ray backends) gets every pool feature: whole-batch,
 streamed and per-env calls, fault policies, timeouts and cancellation all go through
 ``submit`` and the pool's tickets. The rest is optional speed: ``run_batch`` (one message per
@@ -56,6 +57,11 @@ preallocated rows); failures on those paths go through the same restart as a tic
     Best effort, non-blocking: cancel the operation in flight on ``env_index`` because its
     caller was cancelled. Returns True when it was stopped at once (no outcome will come),
     False when an outcome will still be delivered (the pool then drops it).
+
+``async settle(indices)`` (default: nothing to wait for)
+    Waits until the operations cancelled on these envs have unwound, so that a cancelled
+    call returns after its envs' cleanup ran (the coroutine backend awaits the cancelled
+    tasks). The pool shields it and bounds it by ``close_timeout``.
 
 ``getattr_sync(env_index, name)`` (backends whose envs live in this process)
     Reads an attribute of a sub-env synchronously, with no I/O (in the env's own thread
@@ -257,6 +263,10 @@ class Backend(abc.ABC):
     def cancel(self, env_index: int) -> bool:
         """Best-effort cancel of the operation in flight; True if no outcome will come."""
         return False
+
+    async def settle(self, indices: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Wait until operations cancelled on these envs have unwound (their cleanup run);
+        the pool calls it, shielded and bounded, before a cancelled call returns."""
 
     def getattr_sync(self, env_index: int, name: str) -> Any:
         """Read attribute ``name`` of env ``env_index`` synchronously, with no I/O (only

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,8 @@ class CoroutineBackend(Backend):
         self.envs: list[EnvBase] = []
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._retired: set[asyncio.Task[Any]] = set()
+        # the cancelled operations still unwinding, by env (see settle)
+        self._cancelled: dict[int, asyncio.Task[Any]] = {}
         self._rows: Rows | None = None
 
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -98,7 +101,20 @@ class CoroutineBackend(Backend):
         task.cancel()
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
+        self._cancelled[env_index] = task
+        task.add_done_callback(functools.partial(self._forget_cancelled, env_index))
         return True
+
+    def _forget_cancelled(self, env_index: int, task: asyncio.Task[Any]) -> None:
+        if self._cancelled.get(env_index) is task:
+            del self._cancelled[env_index]
+
+    async def settle(self, indices: Sequence[int]) -> None:
+        """Wait until the cancelled operations of these envs have unwound (their cleanup,
+        such as killing a sandbox, has run)."""
+        tasks = [t for i in indices if (t := self._cancelled.get(i)) is not None]
+        if tasks:
+            await asyncio.wait(tasks)
 
     def replace(self, env_index: int) -> None:
         self._drop_task(env_index)

@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
+
 from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
 
@@ -112,6 +114,7 @@ class _Dispatcher:
     """Mixin of :class:`~aenv.pool.AsyncEnvPool` holding the in-flight state."""
 
     num_envs: int
+    close_timeout: float
     on_error: str
     step_timeout: float | None
     max_concurrency: int | None
@@ -366,6 +369,7 @@ class _Dispatcher:
         except BaseException:
             if self._tickets[i] is t:
                 self._drop(t)
+                await self._settle((i,))
             raise
 
     # ------------------------------------------------------------------ whole batch
@@ -470,8 +474,16 @@ class _Dispatcher:
                 await batch.future
         except BaseException:
             self._abandon_batch(tickets)
+            await self._settle([t.index for t in tickets])
             raise
         return batch.outcomes
+
+    async def _settle(self, indices: Sequence[int]) -> None:
+        """Let the work cancelled on these envs unwind before the cancelled caller goes
+        on (a structured cancel: its envs' cleanup has run), shielded from the caller's
+        own cancellation and bounded by ``close_timeout``."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
+            await self._backend.settle(indices)
 
     def _abandon_batch(self, tickets: list[_Ticket]) -> None:
         """The caller was cancelled: stop what can be stopped, orphan the rest."""
