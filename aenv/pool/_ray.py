@@ -393,10 +393,9 @@ class RayBackend(Backend):
     def _restart(self, g: _Group, reason: str) -> None:
         """Kill ``g``'s actor (if still alive) and start a new one with fresh envs."""
         old = g.actor
-        with contextlib.suppress(Exception):
-            self._ray.kill(old, no_restart=True)
         with contextlib.suppress(ValueError):
             self._handles.remove(old)
+        _kill_all(self._ray, [old])
         lost = f"Ray actor {g.gid} (pid {g.pid}) {reason}"
         for i in g.indices:
             self._lost[i] = lost
@@ -461,6 +460,8 @@ class RayBackend(Backend):
                 timer.cancel()
         self._replacing.clear()
         live = [g for g in self._groups if g.state in ("starting", "ready")]
+        if not self._ray.is_initialized():
+            live = []  # disconnected (ray.shutdown()): the actors are gone with it
         closes = [asyncio.wrap_future(g.actor.close.remote().future()) for g in live]
         if closes:
             await asyncio.wait(closes, timeout=grace)
@@ -496,6 +497,11 @@ def _ignore(ref: Any) -> None:
 
 
 def _kill_all(ray: Any, handles: list[Any]) -> None:
+    if not ray.is_initialized():
+        # disconnected: this driver's actors went with the connection (and any Ray call now
+        # would start a new local cluster, Ray's auto-init)
+        handles.clear()
+        return
     for handle in handles:
         with contextlib.suppress(Exception):  # already dead, or Ray already shut down
             ray.kill(handle, no_restart=True)
