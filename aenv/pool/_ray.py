@@ -38,7 +38,7 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
-from aenv.pool._ray_actor import STALE, EnvActor
+from aenv.pool._ray_actor import STALE, EnvActor, pack, unpack
 from aenv.pool._ray_cluster import connect, import_ray, release
 
 __all__ = ["RayBackend"]
@@ -281,7 +281,7 @@ class RayBackend(Backend):
         g = self._group_of[i]
         seq = next(self._seq)
         self._pending[i] = seq
-        future = g.actor.run.remote(i, seq, op, payload).future()
+        future = g.actor.run.remote(i, seq, op, pack(payload)).future()
         future.add_done_callback(self._hop(self._on_result, i, seq, g.gen))
 
     def _on_result(self, i: int, seq: int, gen: int, future: Any) -> None:
@@ -290,7 +290,7 @@ class RayBackend(Backend):
         self._pending[i] = None
         ray = self._ray
         try:
-            outcome = future.result()
+            outcome = unpack(future.result())
         except ray.exceptions.RayActorError as exc:
             g = self._group_of[i]
             reason = self._kill_reasons.get((g.gid, gen))

@@ -25,17 +25,93 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from tensordict import TensorDict
+
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Failure
 from aenv.pool._coroutine import _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 
-__all__ = ["STALE", "EnvActor"]
+__all__ = ["STALE", "EnvActor", "pack", "unpack"]
 
 #: What :meth:`EnvActor.run` returns for an operation it did not run (given up, or older
 #: than one already seen for its env); the driver has forgotten such operations.
 STALE = "aenv-ray-stale-op"
+
+
+class _PackedTD:
+    """A TensorDict of CPU tensors as numpy arrays: pickled, it costs a fraction of the
+    TensorDict's own pickling (which goes through ``torch.save`` per tensor)."""
+
+    __slots__ = ("batch_size", "device", "entries")
+
+    def __init__(self, batch_size: tuple[int, ...], device: str | None, entries: dict) -> None:
+        self.batch_size = batch_size
+        self.device = device
+        self.entries = entries
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self.batch_size, self.device, self.entries
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.batch_size, self.device, self.entries = state
+
+
+class _Unpackable(Exception):
+    pass
+
+
+def _encode(obj: Any) -> Any:
+    if type(obj) is TensorDict:
+        if obj.device is not None and obj.device.type != "cpu":
+            raise _Unpackable
+        entries: dict[str, Any] = {}
+        for key, value in obj._tensordict.items():
+            if type(value) is TensorDict:
+                entries[key] = _encode(value)
+            elif isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                if value.requires_grad or value.dtype == torch.bfloat16:
+                    raise _Unpackable
+                entries[key] = value.numpy()
+            else:
+                raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
+        device = None if obj.device is None else str(obj.device)
+        return _PackedTD(tuple(obj.batch_size), device, entries)
+    if type(obj) is tuple:
+        return tuple(_encode(item) for item in obj)
+    return obj
+
+
+def _decode(obj: Any) -> Any:
+    if type(obj) is _PackedTD:
+        source = {
+            key: _decode(value) if type(value) is _PackedTD else torch.from_numpy(value)
+            for key, value in obj.entries.items()
+        }
+        return TensorDict(source, batch_size=obj.batch_size, device=obj.device)
+    if type(obj) is tuple:
+        return tuple(_decode(item) for item in obj)
+    return obj
+
+
+def pack(obj: Any) -> tuple[str, Any]:
+    """An operation's payload or result, ready for Ray: TensorDicts of CPU tensors (also
+    inside tuples) as pickled numpy arrays (``"p"``, bytes), anything else as it is
+    (``"o"``: Ray pickles it, with cloudpickle where it must)."""
+    try:
+        return "p", pickle.dumps(_encode(obj), protocol=5)
+    except Exception:  # (_Unpackable, or something plain pickle cannot take)
+        return "o", obj
+
+
+def unpack(packed: tuple[str, Any]) -> Any:
+    """The object :func:`pack` packed."""
+    kind, data = packed
+    if kind == "p":
+        return _decode(pickle.loads(data))
+    return data
 
 
 def portable(exc: BaseException) -> Failure:
@@ -99,8 +175,12 @@ class EnvActor:
         once (the call fails), even while none of its envs works."""
         await asyncio.Event().wait()
 
-    async def run(self, i: int, seq: int, op: str, payload: Any) -> Any:
-        """Operation ``op`` number ``seq`` on env ``i``: its result, or a Failure."""
+    async def run(self, i: int, seq: int, op: str, packed: tuple[str, Any]) -> tuple[str, Any]:
+        """Operation ``op`` number ``seq`` on env ``i`` (its payload :func:`pack`-ed): its
+        result, or a Failure, packed."""
+        return pack(await self._run(i, seq, op, unpack(packed)))
+
+    async def _run(self, i: int, seq: int, op: str, payload: Any) -> Any:
         if seq < self.latest.get(i, 0):
             return STALE
         self.latest[i] = seq
