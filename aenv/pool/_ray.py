@@ -39,7 +39,7 @@ from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
 from aenv.pool._ray_actor import STALE, EnvActor, pack, unpack
-from aenv.pool._ray_cluster import connect, import_ray, release
+from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
 
 __all__ = ["RayBackend"]
 
@@ -155,7 +155,7 @@ class RayBackend(Backend):
         self._sys_path: list[str] = []
         # actors still alive (killed at garbage collection if the pool was never closed)
         self._handles: list[Any] = []
-        self._finalizer = weakref.finalize(self, _kill_all, self._ray, self._handles)
+        self._finalizer = weakref.finalize(self, kill_actors, self._ray, self._handles)
 
     # ------------------------------------------------------------------ start
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
@@ -395,7 +395,7 @@ class RayBackend(Backend):
         old = g.actor
         with contextlib.suppress(ValueError):
             self._handles.remove(old)
-        _kill_all(self._ray, [old])
+        kill_actors(self._ray, [old])
         lost = f"Ray actor {g.gid} (pid {g.pid}) {reason}"
         for i in g.indices:
             self._lost[i] = lost
@@ -447,7 +447,7 @@ class RayBackend(Backend):
     # ------------------------------------------------------------------ closing
     def abort(self) -> None:
         self._closing = True
-        _kill_all(self._ray, self._handles)
+        kill_actors(self._ray, self._handles)
         self._finalizer.detach()
         if self._connected:
             self._connected = False
@@ -467,7 +467,7 @@ class RayBackend(Backend):
             await asyncio.wait(closes, timeout=grace)
         # dead once their held ``watch`` call fails: what Ray's state shows from then on
         watches = [asyncio.wrap_future(g.watch) for g in live if g.watch is not None]
-        _kill_all(self._ray, self._handles)
+        kill_actors(self._ray, self._handles)
         self._finalizer.detach()
         if watches:
             await asyncio.wait(watches, timeout=grace)
@@ -494,18 +494,6 @@ def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: An
 def _ignore(ref: Any) -> None:
     """Fetch a fire-and-forget call's outcome, so Ray does not report it as unhandled."""
     ref.future().add_done_callback(concurrent.futures.Future.exception)
-
-
-def _kill_all(ray: Any, handles: list[Any]) -> None:
-    if not ray.is_initialized():
-        # disconnected: this driver's actors went with the connection (and any Ray call now
-        # would start a new local cluster, Ray's auto-init)
-        handles.clear()
-        return
-    for handle in handles:
-        with contextlib.suppress(Exception):  # already dead, or Ray already shut down
-            ray.kill(handle, no_restart=True)
-    handles.clear()
 
 
 def _first_line(exc: BaseException) -> str:

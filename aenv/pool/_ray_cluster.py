@@ -9,6 +9,7 @@ to is only disconnected from, never stopped). A connection the user made is neve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 from aenv.exceptions import BackendUnavailableError
 
-__all__ = ["import_ray", "release", "connect"]
+__all__ = ["connect", "import_ray", "kill_actors", "release"]
 
 logger = logging.getLogger("aenv.pool.ray")
 
@@ -98,3 +99,16 @@ def _describe(ray: Any) -> str:
     except Exception:  # a description only: never fail the connection for it
         return "an unknown address"
     return f"{address}, {cpus:g} CPUs"
+
+
+def kill_actors(ray: Any, handles: list[Any]) -> None:
+    """Kill the actors ``handles`` (clearing the list), where this process is connected."""
+    if not ray.is_initialized():
+        # disconnected: this driver's actors went with the connection (and any Ray call now
+        # would start a new local cluster, Ray's auto-init)
+        handles.clear()
+        return
+    for handle in handles:
+        with contextlib.suppress(Exception):  # already dead, or Ray already shut down
+            ray.kill(handle, no_restart=True)
+    handles.clear()
