@@ -84,7 +84,7 @@ class ParallelEnv(SyncEnv):
             super().__init__(ray_pool, runner=runner)
             return
         if backend not in ("process", "multiprocessing"):
-            raise ValueError(f"ParallelEnv runs on the process or ray backend, not {backend!r}")
+            raise ValueError(f"ParallelEnv runs on the process backend (or 'ray'), not {backend!r}")
         pool = ProcessorAsyncEnvPool(
             fns,
             create_env_kwargs=create_env_kwargs,
