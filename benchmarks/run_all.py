@@ -68,6 +68,11 @@ BENCHMARKS = [
         "bench_llm",
         "256 tool-calling episodes against loopback model and tool servers (overhead per turn)",
     ),
+    (
+        "ray",
+        "bench_ray",
+        "Ray backend vs process backend: per-step overhead, CartPole, 64 latency envs, startup",
+    ),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Env pools: many envs as one async env, on coroutine, thread or process backends, with
+"""Env pools: many envs as one async env, on coroutine, thread, process or Ray backends, with
 whole-batch or streaming results as each env finishes.
 
 Backends plug in by name through :mod:`aenv.pool._backend` (its docstring is the contract).

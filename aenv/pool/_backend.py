@@ -134,6 +134,7 @@ BACKENDS: dict[str, str] = {
     "coroutine": "aenv.pool._coroutine:CoroutineBackend",
     "thread": "aenv.pool._thread:ThreadBackend",
     "process": "aenv.pool._process:ProcessBackend",
+    "ray": "aenv.pool._ray:RayBackend",
 }
 
 #: Names accepted as synonyms (the seeds' spellings).
@@ -144,9 +145,7 @@ ALIASES: dict[str, str] = {
 }
 
 #: Names kept for backends still to come, with what to use meanwhile.
-RESERVED_BACKENDS: dict[str, str] = {
-    "ray": "the Ray backend is not available yet; use backend='thread' or 'coroutine'",
-}
+RESERVED_BACKENDS: dict[str, str] = {}
 
 Deliver = Callable[[int, Any], None]
 

@@ -1,4 +1,4 @@
-"""ParallelEnv: the seeds' sync API over a process pool."""
+"""ParallelEnv: the seeds' sync API over a process pool (or a Ray one)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class ParallelEnv(SyncEnv):
     import, later ones start in a fraction of a second. As with ``spawn``, build the env
     under ``if __name__ == "__main__":`` in scripts.
 
+    ``backend="ray"`` hosts the sub-envs in Ray actors instead (see the README's Ray
+    section): ``num_processes`` / ``envs_per_worker`` then count actors / envs per actor,
+    and ``backend_options`` takes the Ray backend's options (``address``, ``num_cpus``...).
+
     Args:
         num_workers: number of sub-envs.
         create_env_fn: an env factory (an :class:`~aenv.EnvCreator`, a class, a lambda...),
@@ -33,7 +37,7 @@ class ParallelEnv(SyncEnv):
         create_env_kwargs: keyword arguments for the factories (one dict or one per env).
         num_processes: worker processes (default ``min(num_workers, cpu_count)``).
         envs_per_worker: sub-envs per worker process, instead of ``num_processes``.
-        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"`` (process backend).
         **pool_kwargs: passed to :class:`~aenv.pool.AsyncEnvPool` (``stack``,
             ``on_error``, ``step_timeout``, ``backend_options``, ...).
 
@@ -59,12 +63,28 @@ class ParallelEnv(SyncEnv):
         runner: Runner | None = None,
         **pool_kwargs: Any,
     ) -> None:
-        from aenv.pool import ProcessorAsyncEnvPool
+        from aenv.pool import AsyncEnvPool, ProcessorAsyncEnvPool
 
         fns = env_factories(num_workers, create_env_fn)
         backend = pool_kwargs.pop("backend", "process")
+        if backend == "ray":
+            if start_method is not None:
+                raise ValueError("start_method is for the process backend, not 'ray'")
+            options = dict(pool_kwargs.pop("backend_options", None) or {})
+            for name, value in (("num_actors", num_processes), ("envs_per_actor", envs_per_worker)):
+                if value is not None:
+                    options[name] = value
+            ray_pool = AsyncEnvPool(
+                fns,
+                backend="ray",
+                create_env_kwargs=create_env_kwargs,
+                backend_options=options,
+                **pool_kwargs,
+            )
+            super().__init__(ray_pool, runner=runner)
+            return
         if backend not in ("process", "multiprocessing"):
-            raise ValueError(f"ParallelEnv runs on the process backend, not {backend!r}")
+            raise ValueError(f"ParallelEnv runs on the process backend (or 'ray'), not {backend!r}")
         pool = ProcessorAsyncEnvPool(
             fns,
             create_env_kwargs=create_env_kwargs,
@@ -82,8 +102,11 @@ class ParallelEnv(SyncEnv):
 
     @property
     def worker_pids(self) -> list[int]:
-        """Process ids of the live worker processes."""
-        return self.env.worker_pids  # type: ignore[attr-defined,no-any-return]
+        """Process ids of the live worker processes (of the actors, on the ray backend)."""
+        pool = self.env
+        if pool.backend == "ray":  # type: ignore[attr-defined]
+            return pool._backend.actor_pids  # type: ignore[attr-defined,no-any-return]
+        return pool.worker_pids  # type: ignore[attr-defined,no-any-return]
 
     def start(self) -> ParallelEnv:
         """Kept for the seeds' API: workers start when the env is built."""

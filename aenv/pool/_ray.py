@@ -1,0 +1,501 @@
+"""The Ray backend: sub-envs live in Ray actors, several per actor, on any Ray cluster.
+
+Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its envs from
+their pickled factories and runs the pool's operations on them with the same
+:func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
+Every operation is one actor call; its ``ObjectRef`` completes a future whose callback hands
+the outcome to the pool's loop (``call_soon_threadsafe``), so results stream in as each env
+finishes and nothing polls. Inputs and results travel through Ray's serialisation (large
+tensors through its shared-memory object store).
+
+Faults. Every actor has a call held open for its life (``watch``): when the actor's
+process dies, that call and every operation pending on the actor fail at once, the pending
+operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is started with
+fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
+was lost, as the process backend's envs of a dead worker are). A replaced env (step
+timeout, ``on_error="restart"``) is rebuilt inside its actor; an actor that does not answer
+within ``replace_timeout`` (an env blocking its event loop) is killed and started again.
+An exception in an env comes back as the exception and its formatted traceback.
+
+Closing kills every actor the pool made, after letting each close its envs, and waits until
+Ray reports them dead; see :mod:`aenv.pool._ray_cluster` for the cluster itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import itertools
+import os
+import sys
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.exceptions import WorkerCrashedError
+from aenv.pool._backend import Backend, Failure
+from aenv.pool._ray_actor import STALE, EnvActor, pack, unpack
+from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
+
+__all__ = ["RayBackend"]
+
+#: operations a lost env (fresh, in a restarted actor) may take before its reset
+_DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
+
+#: the default CPU reservation of an actor: a fraction, so that a small cluster hosts several
+#: (an actor without one needs a whole free CPU to be scheduled, then holds none)
+DEFAULT_NUM_CPUS = 0.25
+
+
+class _Group:
+    """The envs of one actor, and the actor now hosting them."""
+
+    __slots__ = ("actor", "blob", "failure", "gen", "gid", "indices", "pid", "state", "watch")
+
+    def __init__(self, gid: int, indices: list[int], blob: bytes) -> None:
+        self.gid = gid
+        self.indices = indices
+        self.blob = blob
+        self.actor: Any = None
+        self.gen = 0
+        self.pid: int | None = None
+        # "starting" (not yet answered), "ready", "broken" (dead, not restarted), "closed"
+        self.state = "starting"
+        self.failure: Failure | None = None
+        self.watch: concurrent.futures.Future[Any] | None = None
+
+
+class RayBackend(Backend):
+    """Runs sub-envs in Ray actors (see the module docstring).
+
+    Options (``backend_options=`` of the pool):
+        address: the cluster: None (default) uses the one this process is connected to,
+            else attaches to ``RAY_ADDRESS`` when set, else starts a local one; ``"auto"``,
+            ``"host:port"`` or ``"ray://..."`` attach to a running cluster; ``"local"``
+            starts a new local one. A log line (logger ``aenv.pool.ray``) says which.
+        init_options: keyword arguments for ``ray.init`` when the pool connects (e.g.
+            ``{"num_cpus": 4}`` for a local cluster).
+        num_actors: number of actors (default ``min(num_envs, cluster CPUs)``).
+        envs_per_actor: envs per actor, instead of ``num_actors``.
+        num_cpus: CPUs each actor reserves (default 0.25: envs that wait on I/O or timers
+            need little; give 1 for envs that compute).
+        num_gpus, resources, runtime_env: passed to the actors' ``.options``.
+        actor_options: any other actor option (``scheduling_strategy``, ``name``...).
+        forward_sys_path: append this process's ``sys.path`` to the actors' (default True),
+            so that factories from modules of the driver's project (not installed) import
+            there as they do in the process backend's workers.
+        restart_actors: start a new actor when one dies (default True).
+        replace_timeout: seconds an actor has to answer when one of its envs is given up
+            (step timeout, restart) before it is killed and started again (default 2).
+        start_timeout: seconds to wait for the actors to start (default 300): actors the
+            cluster cannot place (not enough CPUs, GPUs or resources) fail the pool then.
+    """
+
+    name = "ray"
+    overlaps_steps = True
+
+    def __init__(
+        self,
+        deliver: Any,
+        *,
+        address: str | None = None,
+        init_options: Mapping[str, Any] | None = None,
+        num_actors: int | None = None,
+        envs_per_actor: int | None = None,
+        num_cpus: float = DEFAULT_NUM_CPUS,
+        num_gpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        forward_sys_path: bool = True,
+        restart_actors: bool = True,
+        replace_timeout: float = 2.0,
+        start_timeout: float = 300.0,
+    ) -> None:
+        super().__init__(deliver)
+        self._ray = import_ray()
+        if num_actors is not None and envs_per_actor is not None:
+            raise ValueError("pass num_actors or envs_per_actor, not both")
+        for name, value in (("num_actors", num_actors), ("envs_per_actor", envs_per_actor)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.address = address
+        self.init_options = dict(init_options or {})
+        self.num_actors = num_actors
+        self.envs_per_actor = envs_per_actor
+        options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
+        passed: dict[str, Any] = {
+            "num_gpus": num_gpus,
+            "resources": dict(resources) if resources else None,
+            "runtime_env": dict(runtime_env) if runtime_env else None,
+        }
+        options.update({k: v for k, v in passed.items() if v is not None})
+        options.update(actor_options or {})
+        self.actor_options = options
+        self.forward_sys_path = forward_sys_path
+        self.restart_actors = restart_actors
+        self.replace_timeout = replace_timeout
+        self.start_timeout = start_timeout
+        self._groups: list[_Group] = []
+        self._group_of: list[_Group] = []
+        self._pending: list[int | None] = []
+        self._lost: list[str | None] = []
+        self._held: dict[int, tuple[str, Any]] = {}
+        self._replacing: dict[int, tuple[int, asyncio.TimerHandle | None]] = {}
+        self._kill_reasons: dict[tuple[int, int], str] = {}
+        self._seq = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._connected = False
+        self._actor_cls: Any = None
+        self._sys_path: list[str] = []
+        # actors still alive (killed at garbage collection if the pool was never closed)
+        self._handles: list[Any] = []
+        self._finalizer = weakref.finalize(self, kill_actors, self._ray, self._handles)
+
+    # ------------------------------------------------------------------ start
+    def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
+        import cloudpickle
+
+        self.env_fns = list(env_fns)
+        n = len(self.env_fns)
+        self._connected = connect(self.address, self.init_options)
+        try:
+            ray = self._ray
+            self._actor_cls = ray.remote(EnvActor)
+            if self.forward_sys_path:
+                self._sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
+            if self.envs_per_actor is not None:
+                per = self.envs_per_actor
+            else:
+                cpus = int(ray.cluster_resources().get("CPU", 1))
+                actors = self.num_actors or min(n, max(1, cpus))
+                per = -(-n // min(actors, n))
+            for gid, k in enumerate(range(0, n, per)):
+                indices = list(range(k, min(k + per, n)))
+                blob = cloudpickle.dumps([self.env_fns[i] for i in indices])
+                self._groups.append(_Group(gid, indices, blob))
+            self._group_of = [g for g in self._groups for _ in g.indices]
+            self._pending = [None] * n
+            self._lost = [None] * n
+            for g in self._groups:
+                self._spawn(g, want_meta=True)
+            return self._await_start(ray)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _await_start(self, ray: Any) -> list[EnvMetaData]:
+        refs = [g.actor.ready.remote() for g in self._groups]
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
+        if waiting:
+            raise TimeoutError(
+                f"{len(waiting)} of {len(refs)} Ray actor(s) did not start within "
+                f"{self.start_timeout} s (each asks for {self._resources_asked()}; the "
+                f"cluster has {ray.available_resources()} free): give the cluster more "
+                "resources, or ask less (num_cpus=, num_gpus=, resources=)"
+            )
+        metas: dict[int, EnvMetaData] = {}
+        for g, ref in zip(self._groups, refs):
+            try:
+                pid, group_metas, broken = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerCrashedError(
+                    f"the Ray actor for envs {g.indices} died while starting: {_first_line(exc)}"
+                ) from exc
+            if broken:
+                failure = next(iter(broken.values()))
+                raise failure.exc
+            g.pid, g.state = pid, "ready"
+            metas.update(group_metas)
+        return [metas[i] for i in range(len(self.env_fns))]
+
+    def _resources_asked(self) -> str:
+        keys = ("num_cpus", "num_gpus", "resources")
+        return ", ".join(f"{k}={self.actor_options[k]}" for k in keys if k in self.actor_options)
+
+    def _spawn(self, g: _Group, *, want_meta: bool) -> None:
+        g.gen += 1
+        g.state, g.pid = "starting", None
+        g.actor = self._actor_cls.options(**self.actor_options).remote(
+            g.blob, g.indices, self._sys_path, want_meta
+        )
+        self._handles.append(g.actor)
+        g.watch = g.actor.watch.remote().future()
+        if self._loop is not None:
+            self._watch(g)
+
+    def _watch(self, g: _Group) -> None:
+        assert g.watch is not None
+        g.watch.add_done_callback(self._hop(self._on_watch, g, g.gen))
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            for g in self._groups:
+                if g.watch is not None:
+                    self._watch(g)
+        return loop
+
+    def _hop(self, fn: Callable[..., None], *args: Any) -> Callable[[Any], None]:
+        """A done-callback for a Ray future (run in a Ray thread) that calls
+        ``fn(*args, future)`` on the pool's loop."""
+        loop = self._loop
+        assert loop is not None
+        return functools.partial(_call_on, loop, fn, *args)
+
+    @property
+    def actor_pids(self) -> list[int | None]:
+        """Process ids of the actors (None for one still starting)."""
+        return [g.pid for g in self._groups]
+
+    # ------------------------------------------------------------------ operations
+    def submit(self, env_index: int, op: str, payload: Any) -> None:
+        self._bind()
+        g = self._group_of[env_index]
+        if g.failure is not None:
+            self._deliver(env_index, g.failure)
+            return
+        lost = self._lost[env_index]
+        if lost is not None:
+            if op not in _DIRECT_OPS:
+                err = WorkerCrashedError(
+                    f"env {env_index} was lost: {lost}; it was rebuilt and needs a reset",
+                    env_index=env_index,
+                )
+                self._deliver(env_index, Failure(err, ""))
+                return
+            if op == "reset":
+                self._lost[env_index] = None
+        if env_index in self._replacing:
+            self._held[env_index] = (op, payload)  # sent once the actor has replaced it
+            return
+        self._send(env_index, op, payload)
+
+    def _send(self, i: int, op: str, payload: Any) -> None:
+        g = self._group_of[i]
+        seq = next(self._seq)
+        self._pending[i] = seq
+        future = g.actor.run.remote(i, seq, op, pack(payload)).future()
+        future.add_done_callback(self._hop(self._on_result, i, seq, g.gen))
+
+    def _on_result(self, i: int, seq: int, gen: int, future: Any) -> None:
+        if self._pending[i] != seq:
+            return  # given up
+        self._pending[i] = None
+        ray = self._ray
+        try:
+            outcome = unpack(future.result())
+        except ray.exceptions.RayActorError as exc:
+            g = self._group_of[i]
+            reason = self._kill_reasons.get((g.gid, gen))
+            self._actor_died(g, gen, exc)
+            msg = f"env {i}: its Ray actor {g.gid} died" + (f": it {reason}" if reason else "")
+            err = WorkerCrashedError(f"{msg} ({_first_line(exc)})", env_index=i)
+            outcome = Failure(err, "")
+        except Exception as exc:  # Ray could not run the call (e.g. an unpicklable input)
+            outcome = Failure(exc, str(exc))
+        if type(outcome) is str and outcome == STALE:  # (never for the current operation)
+            return
+        self._deliver(i, outcome)
+
+    def cancel(self, env_index: int) -> bool:
+        seq = self._pending[env_index]
+        self._held.pop(env_index, None)
+        if seq is None:
+            return True
+        self._pending[env_index] = None
+        g = self._group_of[env_index]
+        if g.failure is None and g.state != "closed":
+            _ignore(g.actor.cancel.remote(env_index, seq))
+        return True
+
+    def replace(self, env_index: int) -> None:
+        loop = self._bind()
+        self._pending[env_index] = None
+        self._held.pop(env_index, None)
+        if self._lost[env_index] is not None:
+            self._lost[env_index] = None  # fresh since its actor was restarted
+            return
+        g = self._group_of[env_index]
+        if g.failure is not None or g.state == "closed" or env_index in self._replacing:
+            return
+        seq = next(self._seq)
+        future = g.actor.replace.remote(env_index, seq).future()
+        timer = None
+        if g.state == "ready":  # (a starting actor answers once started: timed from then)
+            timer = loop.call_later(self.replace_timeout, self._unresponsive, g, g.gen, env_index)
+        self._replacing[env_index] = (seq, timer)
+        future.add_done_callback(self._hop(self._on_replaced, env_index, seq, g.gen))
+
+    def _on_replaced(self, i: int, seq: int, gen: int, future: Any) -> None:
+        entry = self._replacing.get(i)
+        if entry is None or entry[0] != seq:
+            return
+        exc = future.exception()
+        if isinstance(exc, self._ray.exceptions.RayActorError):
+            self._actor_died(self._group_of[i], gen, exc)  # (a new actor takes env i's work)
+            return
+        del self._replacing[i]
+        if entry[1] is not None:
+            entry[1].cancel()
+        held = self._held.pop(i, None)
+        if held is not None:
+            self._send(i, *held)
+
+    def _unresponsive(self, g: _Group, gen: int, i: int) -> None:
+        if g.gen != gen or i not in self._replacing or self._closing:
+            return
+        reason = (
+            f"was killed after env {i} was given up and the actor did not answer within "
+            f"{self.replace_timeout} s"
+        )
+        self._kill_reasons[(g.gid, gen)] = reason
+        self._restart(g, reason)
+
+    # ------------------------------------------------------------------ faults
+    def _on_watch(self, g: _Group, gen: int, future: Any) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._actor_died(g, gen, exc)
+
+    def _on_ready(self, g: _Group, gen: int, future: Any) -> None:
+        if g.gen != gen or g.state != "starting":
+            return
+        try:
+            g.pid = future.result()[0]
+        except Exception as exc:
+            self._actor_died(g, gen, exc)
+            return
+        g.state = "ready"
+        loop = self._loop
+        assert loop is not None
+        for i in g.indices:
+            entry = self._replacing.get(i)
+            if entry is not None and entry[1] is None:
+                timer = loop.call_later(self.replace_timeout, self._unresponsive, g, gen, i)
+                self._replacing[i] = (entry[0], timer)
+
+    def _actor_died(self, g: _Group, gen: int, exc: BaseException) -> None:
+        if g.gen != gen or self._closing or g.state in ("broken", "closed"):
+            return
+        reason = self._kill_reasons.get((g.gid, gen)) or f"died ({_first_line(exc)})"
+        if g.state == "starting" or not self.restart_actors:
+            self._break(g, reason)
+            return
+        self._restart(g, reason)
+
+    def _restart(self, g: _Group, reason: str) -> None:
+        """Kill ``g``'s actor (if still alive) and start a new one with fresh envs."""
+        old = g.actor
+        with contextlib.suppress(ValueError):
+            self._handles.remove(old)
+        kill_actors(self._ray, [old])
+        lost = f"Ray actor {g.gid} (pid {g.pid}) {reason}"
+        for i in g.indices:
+            self._lost[i] = lost
+        self._spawn(g, want_meta=False)
+        assert g.actor is not None
+        g.actor.ready.remote().future().add_done_callback(self._hop(self._on_ready, g, g.gen))
+        # an env being replaced is fresh in the new actor: its held work goes there
+        for i in g.indices:
+            entry = self._replacing.pop(i, None)
+            if entry is None:
+                continue
+            if entry[1] is not None:
+                entry[1].cancel()
+            self._lost[i] = None
+            held = self._held.pop(i, None)
+            if held is not None:
+                self._send(i, *held)
+
+    def _break(self, g: _Group, reason: str) -> None:
+        """``g``'s actor died and is not restarted: its envs' work fails from now on."""
+        g.state = "broken"
+        err = WorkerCrashedError(
+            f"Ray actor {g.gid} (envs {g.indices}) {reason} and was not restarted"
+        )
+        g.failure = Failure(err, "")
+        with contextlib.suppress(ValueError):
+            self._handles.remove(g.actor)
+        for i in g.indices:
+            if self._pending[i] is not None or i in self._held:
+                self._pending[i] = None
+                self._held.pop(i, None)
+                self._deliver(i, g.failure)
+            entry = self._replacing.pop(i, None)
+            if entry is not None and entry[1] is not None:
+                entry[1].cancel()
+
+    # ------------------------------------------------------------------ attributes
+    def getattr_sync(self, env_index: int, name: str) -> Any:
+        """Blocks on a round trip to the actor (the pool reads its attributes with the
+        awaited ``get_attr`` instead)."""
+        g = self._group_of[env_index]
+        if g.failure is not None:
+            raise g.failure.exc
+        outcome = self._ray.get(g.actor.attr.remote(env_index, name))
+        if isinstance(outcome, Failure):
+            raise outcome.exc
+        return outcome
+
+    # ------------------------------------------------------------------ closing
+    def abort(self) -> None:
+        self._closing = True
+        kill_actors(self._ray, self._handles)
+        self._finalizer.detach()
+        if self._connected:
+            self._connected = False
+            release()
+
+    async def aclose(self, grace: float = 5.0) -> None:
+        self._closing = True
+        for _, timer in self._replacing.values():
+            if timer is not None:
+                timer.cancel()
+        self._replacing.clear()
+        live = [g for g in self._groups if g.state in ("starting", "ready")]
+        if not self._ray.is_initialized():
+            live = []  # disconnected (ray.shutdown()): the actors are gone with it
+        closes = [asyncio.wrap_future(g.actor.close.remote().future()) for g in live]
+        if closes:
+            await asyncio.wait(closes, timeout=grace)
+        # dead once their held ``watch`` call fails: what Ray's state shows from then on
+        watches = [asyncio.wrap_future(g.watch) for g in live if g.watch is not None]
+        kill_actors(self._ray, self._handles)
+        self._finalizer.detach()
+        if watches:
+            await asyncio.wait(watches, timeout=grace)
+            for watch in watches:  # each failed (the actor is dead): that is all it says
+                if watch.done():
+                    watch.exception()
+        for g in self._groups:
+            g.state = "closed"
+        if self._connected:
+            self._connected = False
+            release()
+        for close in closes:
+            if close.done() and not close.cancelled() and close.exception() is None:
+                failures = close.result()
+                if failures:
+                    raise failures[0].exc
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _ignore(ref: Any) -> None:
+    """Fetch a fire-and-forget call's outcome, so Ray does not report it as unhandled."""
+    ref.future().add_done_callback(concurrent.futures.Future.exception)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

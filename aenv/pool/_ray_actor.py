@@ -1,0 +1,276 @@
+"""The Ray actor that hosts some of a pool's sub-envs (see :mod:`aenv.pool._ray`).
+
+This module is imported inside Ray worker processes and never imports Ray itself: the
+backend turns :class:`EnvActor` into an actor class with ``ray.remote`` when it needs one.
+The actor is *async* (its methods are coroutines): Ray runs its calls concurrently on one
+event loop, so one actor steps all its envs at once. Each operation is
+:func:`aenv.pool._ops.execute` on the env, exactly as the in-process backends run it: a sync,
+non-blocking env's step inline, an async env's awaited, a ``blocking`` env's in a worker
+thread (as :class:`~aenv.EnvBase` arranges).
+
+Operations carry a sequence number per env. The driver gives an operation up (a cancel, a
+step timeout, a replace) by telling the actor; an operation that arrives after a newer one
+was seen for its env, or after it was given up, is stale and not run. An exception in an
+env is returned as a :class:`~aenv.pool._backend.Failure` (the exception and its formatted
+traceback), not raised, so that it crosses intact whatever Ray does with errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
+from aenv.pool._backend import Failure
+from aenv.pool._coroutine import _build, _quiet_close
+from aenv.pool._ops import execute, execute_inline, runs_inline
+
+__all__ = ["STALE", "EnvActor", "pack", "unpack"]
+
+#: What :meth:`EnvActor.run` returns for an operation it did not run (given up, or older
+#: than one already seen for its env); the driver has forgotten such operations.
+STALE = "aenv-ray-stale-op"
+
+
+class _PackedTD:
+    """A TensorDict of CPU tensors as numpy arrays: pickled, it costs a fraction of the
+    TensorDict's own pickling (which goes through ``torch.save`` per tensor)."""
+
+    __slots__ = ("batch_size", "device", "entries")
+
+    def __init__(self, batch_size: tuple[int, ...], device: str | None, entries: dict) -> None:
+        self.batch_size = batch_size
+        self.device = device
+        self.entries = entries
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self.batch_size, self.device, self.entries
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.batch_size, self.device, self.entries = state
+
+
+class _Unpackable(Exception):
+    pass
+
+
+def _encode(obj: Any) -> Any:
+    if type(obj) is TensorDict:
+        if obj.device is not None and obj.device.type != "cpu":
+            raise _Unpackable
+        entries: dict[str, Any] = {}
+        for key, value in obj._tensordict.items():
+            if type(value) is TensorDict:
+                entries[key] = _encode(value)
+            elif isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                if value.requires_grad or value.dtype == torch.bfloat16:
+                    raise _Unpackable
+                entries[key] = value.numpy()
+            else:
+                raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
+        device = None if obj.device is None else str(obj.device)
+        return _PackedTD(tuple(obj.batch_size), device, entries)
+    if type(obj) is tuple:
+        return tuple(_encode(item) for item in obj)
+    return obj
+
+
+def _decode(obj: Any) -> Any:
+    if type(obj) is _PackedTD:
+        source = {
+            key: _decode(value) if type(value) is _PackedTD else torch.from_numpy(value)
+            for key, value in obj.entries.items()
+        }
+        return TensorDict(source, batch_size=obj.batch_size, device=obj.device)
+    if type(obj) is tuple:
+        return tuple(_decode(item) for item in obj)
+    return obj
+
+
+def pack(obj: Any) -> tuple[str, Any]:
+    """An operation's payload or result, ready for Ray: TensorDicts of CPU tensors (also
+    inside tuples) as pickled numpy arrays (``"p"``, bytes), anything else as it is
+    (``"o"``: Ray pickles it, with cloudpickle where it must)."""
+    try:
+        return "p", pickle.dumps(_encode(obj), protocol=5)
+    except Exception:  # (_Unpackable, or something plain pickle cannot take)
+        return "o", obj
+
+
+def unpack(packed: tuple[str, Any]) -> Any:
+    """The object :func:`pack` packed."""
+    kind, data = packed
+    if kind == "p":
+        return _decode(pickle.loads(data))
+    return data
+
+
+def portable(exc: BaseException) -> Failure:
+    """A failure that will survive pickling: the exception itself where it pickles, else a
+    RuntimeError naming it (the formatted traceback is kept either way)."""
+    failure = Failure(exc)
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        failure.exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return failure
+
+
+class EnvActor:
+    """Builds envs from pickled factories and runs pool operations on them.
+
+    Args:
+        blob: the cloudpickled factories of the envs ``indices``, in order.
+        indices: the pool's indices of these envs.
+        sys_path: entries to append to ``sys.path`` before unpickling the factories (the
+            driver's own, so that factories from its project's modules import here).
+        want_meta: build each env's :class:`~aenv.envs.EnvMetaData` (for the pool's start).
+    """
+
+    def __init__(
+        self, blob: bytes, indices: list[int], sys_path: list[str], want_meta: bool
+    ) -> None:
+        for entry in sys_path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        import cloudpickle
+
+        self.envs: dict[int, EnvBase] = {}
+        self.broken: dict[int, Failure] = {}
+        self.metas: dict[int, EnvMetaData] = {}
+        self.tasks: dict[int, asyncio.Task[Any]] = {}
+        self.latest: dict[int, int] = {}
+        self.closers: set[asyncio.Task[Any]] = set()
+        try:
+            fns: list[Callable[[], EnvBase]] = cloudpickle.loads(blob)
+        except Exception as exc:
+            failure = portable(exc)
+            self.fns: dict[int, Callable[[], EnvBase]] = {}
+            self.broken = dict.fromkeys(indices, failure)
+            return
+        self.fns = dict(zip(indices, fns))
+        for i in indices:
+            try:
+                env = self.envs[i] = _build(self.fns[i])
+                if want_meta:
+                    self.metas[i] = EnvMetaData.metadata_from_env(env)
+            except Exception as exc:
+                self.broken[i] = portable(exc)
+
+    async def ready(self) -> tuple[int, dict[int, EnvMetaData], dict[int, Failure]]:
+        """The actor's pid, the envs' metadata and the envs whose factory failed."""
+        return os.getpid(), self.metas, self.broken
+
+    async def watch(self) -> None:
+        """Never returns: the driver holds this call so that the actor's death shows at
+        once (the call fails), even while none of its envs works."""
+        await asyncio.Event().wait()
+
+    async def run(self, i: int, seq: int, op: str, packed: tuple[str, Any]) -> tuple[str, Any]:
+        """Operation ``op`` number ``seq`` on env ``i`` (its payload :func:`pack`-ed): its
+        result, or a Failure, packed."""
+        return pack(await self._run(i, seq, op, unpack(packed)))
+
+    async def _run(self, i: int, seq: int, op: str, payload: Any) -> Any:
+        if seq < self.latest.get(i, 0):
+            return STALE
+        self.latest[i] = seq
+        self._stop(i)
+        failure = self.broken.get(i)
+        if failure is not None:
+            return failure
+        env = self.envs[i]
+        if runs_inline(env, op, payload):
+            try:
+                return execute_inline(env, op, payload)
+            except Exception as exc:
+                return portable(exc)
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks[i] = task
+        try:
+            return await execute(env, op, payload)
+        except Exception as exc:
+            return portable(exc)
+        finally:
+            if self.tasks.get(i) is task:
+                del self.tasks[i]
+
+    async def attr(self, i: int, name: str) -> Any:
+        """Attribute ``name`` of env ``i`` (or a Failure), whatever work it has in flight."""
+        failure = self.broken.get(i)
+        if failure is not None:
+            return failure
+        try:
+            return getattr(self.envs[i], name)
+        except Exception as exc:
+            return portable(exc)
+
+    async def cancel(self, i: int, seq: int) -> None:
+        """Give up operation ``seq`` on env ``i`` (running or still to come)."""
+        self.latest[i] = max(self.latest.get(i, 0), seq + 1)
+        self._stop(i)
+
+    async def replace(self, i: int, seq: int) -> Failure | None:
+        """Give up env ``i`` (and its operation ``seq``, if any) and build a fresh one from
+        its factory; the old one is closed in the background. Returns the factory's
+        failure, if it raised."""
+        self.latest[i] = max(self.latest.get(i, 0), seq + 1)
+        task = self.tasks.pop(i, None)
+        if task is not None:
+            task.cancel()
+        self._rebuild(i)
+        return self.broken.get(i)
+
+    def _stop(self, i: int) -> None:
+        """Cancel the operation still running on env ``i`` (the driver gave it up)."""
+        task = self.tasks.pop(i, None)
+        if task is None or task.done():
+            return
+        task.cancel()
+        if self.envs[i].blocking:
+            # its worker thread cannot be stopped and would go on using the env: give it up
+            self._rebuild(i)
+
+    def _rebuild(self, i: int) -> None:
+        old = self.envs.pop(i, None)
+        self.broken.pop(i, None)
+        if i in self.fns:
+            try:
+                self.envs[i] = _build(self.fns[i])
+            except Exception as exc:
+                self.broken[i] = portable(exc)
+        if old is not None:
+            with contextlib.suppress(Exception):  # it is given up: let it stop what it can
+                old.interrupt()
+            closer = asyncio.get_running_loop().create_task(_quiet_close(old))
+            self.closers.add(closer)
+            closer.add_done_callback(self.closers.discard)
+
+    async def close(self) -> list[Failure]:
+        """Close every env (after cancelling their work); the failures of those whose
+        close raised."""
+        for i, task in list(self.tasks.items()):
+            task.cancel()
+            with contextlib.suppress(Exception):  # a blocking env's thread: let it stop
+                self.envs[i].interrupt()
+        self.tasks.clear()
+        if self.closers:
+            await asyncio.gather(*list(self.closers), return_exceptions=True)
+        failures = []
+        for env in self.envs.values():
+            try:
+                await env.aclose()
+            except Exception as exc:
+                failures.append(portable(exc))
+        self.envs.clear()
+        return failures

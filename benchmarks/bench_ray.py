@@ -1,0 +1,213 @@
+"""The Ray backend against the process backend, on the same envs in the same run.
+
+A local Ray cluster (this machine's CPUs) hosts the envs in 2 actors; the process backend
+runs them in 2 worker processes. Workloads:
+
+- Per-step overhead: 8 zero-cost envs (``LatencyEnv(latency=0)``), random-action
+  ``rollout(steps, break_when_any_done=False)``: microseconds per env-step, which is all
+  framework cost (the env does nothing).
+- CPU-bound: 8 gymnasium CartPole-v1 envs, the same rollout: env-steps/s, against
+  Gymnasium ``AsyncVectorEnv`` (one process per env; in TorchRL's peer venv) where its venv
+  builds.
+- High latency: 64 latency envs (lognormal, median 10 ms, sigma 1), streamed (every env
+  re-sent as soon as it returns): env-steps/s against the ideal ``n_envs / E[latency]``.
+- Startup: pool construction to the first reset (the cluster's own start apart).
+
+Run: ``python benchmarks/bench_ray.py [--quick]`` (needs ``pip install 'aenv[ray]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks._common import ideal_throughput, print_table  # noqa: E402
+
+WORKERS = 2
+OVERHEAD = {"n_envs": 8, "steps": 300, "repeats": 3}
+OVERHEAD_QUICK = {"n_envs": 8, "steps": 40, "repeats": 1}
+CPU = {"n_envs": 8, "steps": 300, "repeats": 3}
+CPU_QUICK = {"n_envs": 8, "steps": 40, "repeats": 1}
+LATENCY = {"n_envs": 64, "median": 0.01, "sigma": 1.0, "duration": 5.0}
+LATENCY_QUICK = {**LATENCY, "duration": 1.0}
+
+
+def _cartpole() -> Any:
+    from aenv.libs.gym import GymEnv
+
+    return GymEnv("CartPole-v1")
+
+
+def _pool(fns: Any, backend: str) -> Any:
+    from aenv.pool import AsyncEnvPool
+
+    if backend == "ray":
+        # 0.5 CPU per actor: both actors fit however few CPUs the cluster has
+        options: dict[str, Any] = {"num_actors": WORKERS, "num_cpus": 0.5}
+    else:
+        options = {"num_workers": WORKERS}
+    return AsyncEnvPool(fns, backend=backend, backend_options=options)
+
+
+async def _rollout_rate(fns: Any, backend: str, p: dict[str, Any]) -> dict[str, float]:
+    """Env-steps/s of the best of ``repeats`` rollouts (after a warm-up), and the startup."""
+    n, steps = len(fns), int(p["steps"])
+    t0 = time.perf_counter()
+    pool = _pool(fns, backend)
+    try:
+        await pool.reset()
+        startup = time.perf_counter() - t0
+        await pool.rollout(max(steps // 4, 2), break_when_any_done=False)  # warm-up
+        best = float("inf")
+        for _ in range(int(p["repeats"])):
+            t = time.perf_counter()
+            await pool.rollout(steps, break_when_any_done=False)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        await pool.aclose()
+    return {"startup_s": startup, "env_steps_per_s": n * steps / best}
+
+
+async def _streamed_rate(backend: str, p: dict[str, Any]) -> dict[str, float]:
+    from aenv.testing import LatencyEnv
+
+    n = int(p["n_envs"])
+    fns = [partial(LatencyEnv, median=p["median"], sigma=p["sigma"], seed=i) for i in range(n)]
+    t0 = time.perf_counter()
+    pool = _pool(fns, backend)
+    try:
+        td = await pool.reset()
+        startup = time.perf_counter() - t0
+        td["env_index"] = torch.arange(n)
+        td["action"] = torch.zeros(n, 1)
+        steps = 0
+        start = time.perf_counter()
+        deadline = start + float(p["duration"])
+        pool.async_step_send(td)
+        while True:
+            out = await pool.async_step_recv()
+            now = time.perf_counter()
+            steps += out.batch_size[0]
+            if now >= deadline:
+                break
+            nxt = pool.step_mdp(out)
+            nxt["action"] = torch.zeros(out.batch_size[0], 1)
+            pool.async_step_send(nxt)
+        elapsed = now - start
+    finally:
+        await pool.aclose()
+    return {"startup_s": startup, "env_steps_per_s": steps / elapsed}
+
+
+def _gym_peer(p: dict[str, Any]) -> dict[str, Any] | None:
+    from benchmarks._peers import PeerRunError, run_peer
+
+    params = {"n_envs": p["n_envs"], "steps": p["steps"], "repeats": p["repeats"]}
+    try:
+        return run_peer("gym_vector_cartpole", venv="torchrl", kinds=["async"], **params)
+    except PeerRunError as exc:
+        print(f"peer gym_vector_cartpole unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """One row per workload and backend (none when Ray is not installed)."""
+    try:
+        import ray
+    except ImportError:
+        print("bench_ray: Ray is not installed (pip install 'aenv[ray]'); skipped", file=sys.stderr)
+        return []
+    from aenv.sync import get_runner
+    from aenv.testing import LatencyEnv
+
+    torch.set_num_threads(1)
+    overhead = OVERHEAD_QUICK if quick else OVERHEAD
+    cpu = CPU_QUICK if quick else CPU
+    lat = LATENCY_QUICK if quick else LATENCY
+    t0 = time.perf_counter()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+    cluster_s = time.perf_counter() - t0
+    runner = get_runner()
+    rows: list[dict[str, Any]] = []
+    try:
+        gym = None if quick else _gym_peer(cpu)
+        zero = [partial(LatencyEnv, latency=0.0) for _ in range(int(overhead["n_envs"]))]
+        carts = [_cartpole] * int(cpu["n_envs"])
+        ideal = ideal_throughput(int(lat["n_envs"]), float(lat["median"]), float(lat["sigma"]))
+        for backend in ("process", "ray"):
+            res = runner.run(_rollout_rate, zero, backend, overhead)
+            rows.append(
+                {
+                    "workload": f"{overhead['n_envs']} zero-cost envs, rollout",
+                    "backend": backend,
+                    "env-steps/s": res["env_steps_per_s"],
+                    "us per env-step": 1e6 / res["env_steps_per_s"],
+                    "startup to first reset s": res["startup_s"],
+                }
+            )
+            res = runner.run(_rollout_rate, carts, backend, cpu)
+            rows.append(
+                {
+                    "workload": f"{cpu['n_envs']} CartPole-v1, rollout",
+                    "backend": backend,
+                    "env-steps/s": res["env_steps_per_s"],
+                    "us per env-step": 1e6 / res["env_steps_per_s"],
+                    "startup to first reset s": res["startup_s"],
+                }
+            )
+            res = runner.run(_streamed_rate, backend, lat)
+            rows.append(
+                {
+                    "workload": f"{lat['n_envs']} latency envs (median 10 ms), streamed",
+                    "backend": backend,
+                    "env-steps/s": res["env_steps_per_s"],
+                    "% of ideal": 100.0 * res["env_steps_per_s"] / ideal,
+                    "startup to first reset s": res["startup_s"],
+                }
+            )
+        if gym is not None:
+            rate = gym["async_env_steps_per_s"]
+            rows.append(
+                {
+                    "workload": f"{cpu['n_envs']} CartPole-v1, rollout",
+                    "backend": f"Gymnasium AsyncVectorEnv ({cpu['n_envs']} processes)",
+                    "env-steps/s": rate,
+                    "us per env-step": 1e6 / rate,
+                    "startup to first reset s": gym.get("async_startup_s"),
+                }
+            )
+        rows.append(
+            {
+                "workload": "local Ray cluster start (ray.init)",
+                "backend": "ray",
+                "startup to first reset s": cluster_s if started else None,
+            }
+        )
+    finally:
+        if started:
+            ray.shutdown()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
+    args = parser.parse_args()
+    print_table("Ray backend vs process backend (2 actors / 2 workers)", run(args.quick))
+
+
+if __name__ == "__main__":
+    main()
