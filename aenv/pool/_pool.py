@@ -76,9 +76,9 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         env_fns: a list of env factories, or a ``(num_envs, factory)`` pair. Factories are
             called where the env will live (in its thread for the thread backend).
         backend: ``"coroutine"`` (default; async envs as tasks of the pool's loop, sync ones
-            inline or, when declared ``blocking``, in worker threads) or ``"thread"`` /
-            ``"threading"`` (one dedicated thread per env). ``"process"`` and ``"ray"`` are
-            reserved for later backends.
+            inline or, when declared ``blocking``, in worker threads), ``"thread"`` /
+            ``"threading"`` (one dedicated thread per env), ``"process"`` (worker processes,
+            several envs each) or ``"ray"`` (Ray actors, on one machine or a cluster).
         stack: ``"dense"`` (sub-envs share specs; results are contiguous) or ``"lazy"``
             (heterogeneous sub-envs; results are lazy stacks).
         create_env_kwargs: keyword arguments for the factories (one dict, or one per env).
