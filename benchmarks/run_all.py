@@ -213,12 +213,30 @@ def main() -> int:
         "Produced by `python benchmarks/run_all.py" + (" --quick" if args.quick else "") + "`.\n",
     ]
     header += [f"![{p}]({p})\n" for p in plots]
+    sections += _kept_sections(out / "RESULTS.md")
     (out / "RESULTS.md").write_text("\n".join(header + sections))
     print(f"\nwrote {out / 'RESULTS.md'}" + (f" and {', '.join(plots)}" if plots else ""))
     if failures:
         print(f"FAILED benchmarks: {', '.join(failures)}", file=sys.stderr)
         return 1
     return 0
+
+
+#: sections other scripts write into RESULTS.md between their markers (the reliability table
+#: of ``benchmarks/reliability.py``, from the full fault suite): kept when the file is rewritten
+_KEPT = (("<!-- reliability:start -->", "<!-- reliability:end -->"),)
+
+
+def _kept_sections(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    text = path.read_text()
+    kept = []
+    for start, end in _KEPT:
+        a, b = text.find(start), text.find(end)
+        if a >= 0 and b > a:
+            kept.append(text[a : b + len(end)] + "\n")
+    return kept
 
 
 if __name__ == "__main__":

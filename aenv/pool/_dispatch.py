@@ -80,6 +80,7 @@ class _Ticket:
     __slots__ = (
         "batch",
         "error",
+        "expired",
         "future",
         "index",
         "launched",
@@ -101,6 +102,7 @@ class _Ticket:
         self.launched = False
         self.orphan = False
         self.restarting = False
+        self.expired = False  # its deadline passed: its env's work was given up
         self.error: BaseException | None = None
         # set for a per-env call (``pool.step_one``): the outcome goes straight to it
         self.future: asyncio.Future[Any] | None = None
@@ -221,6 +223,7 @@ class _Dispatcher:
         if self._tickets[i] is not t:
             return
         t.timer = None
+        t.expired = True
         self._backend.replace(i)
         err = StepTimeoutError(
             f"env {i}: {t.op} did not finish within {self.step_timeout} s; it was abandoned "
@@ -365,12 +368,15 @@ class _Dispatcher:
         fut = t.future = asyncio.get_running_loop().create_future()
         self._enqueue(t)
         try:
-            return await fut
+            outcome = await fut
         except BaseException:
             if self._tickets[i] is t:
                 self._drop(t)
                 await self._settle((i,))
             raise
+        if t.expired:
+            await self._settle((i,))
+        return outcome
 
     # ------------------------------------------------------------------ whole batch
     async def _run_ops(self, op: str, indices: Sequence[int], payloads: Sequence[Any]) -> list[Any]:
@@ -476,6 +482,9 @@ class _Dispatcher:
             self._abandon_batch(tickets)
             await self._settle([t.index for t in tickets])
             raise
+        expired = [t.index for t in tickets if t.expired]
+        if expired:  # the given-up work unwinds before the call returns its timeouts
+            await self._settle(expired)
         return batch.outcomes
 
     async def _settle(self, indices: Sequence[int]) -> None:
