@@ -60,7 +60,7 @@ class _PackedTD:
 
 
 class _Unpackable(Exception):
-    pass
+    """A value the codec cannot turn into plain data (it then crosses pickled as it is)."""
 
 
 def _encode(obj: Any) -> Any:
