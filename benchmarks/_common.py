@@ -140,6 +140,34 @@ def ideal_makespan(durations: Iterable[float], slots: int) -> float:
     return end
 
 
+async def stream_steps(pool: Any, td: Any, duration: float) -> dict[str, float]:
+    """The streaming loop every latency benchmark runs on a pool (``pool`` an
+    :class:`~aenv.pool.AsyncEnvPool` of envs with a ``(1,)`` action; ``td`` what its reset
+    gave): send a step to every
+    env, then receive whatever finished (at least one) and send those envs again at once,
+    for ``duration`` seconds. Returns the env-steps taken, the seconds and the receive calls."""
+    import torch
+
+    n = td.batch_size[0]
+    td["env_index"] = torch.arange(n)
+    td["action"] = torch.zeros(n, 1)
+    steps = recvs = 0
+    start = now = time.perf_counter()
+    deadline = start + duration
+    pool.async_step_send(td)
+    while True:
+        out = await pool.async_step_recv()
+        now = time.perf_counter()
+        steps += out.batch_size[0]
+        recvs += 1
+        if now >= deadline:
+            break
+        nxt = pool.step_mdp(out)
+        nxt["action"] = torch.zeros(out.batch_size[0], 1)
+        pool.async_step_send(nxt)
+    return {"steps": steps, "elapsed_s": now - start, "recv_calls": recvs}
+
+
 def best_of(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> float:
     """Runs ``fn`` ``warmup`` times untimed, then ``repeats`` times; returns the best seconds."""
     if repeats < 1:

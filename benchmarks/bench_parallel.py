@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks._common import best_of, ideal_throughput, print_table  # noqa: E402
+from benchmarks._common import best_of, ideal_throughput, print_table, stream_steps  # noqa: E402
 
 CPU = {"n_envs": 8, "workers": 2, "steps": 1000, "repeats": 3}
 CPU_QUICK = {"n_envs": 8, "workers": 2, "steps": 200, "repeats": 1}
@@ -106,25 +106,10 @@ async def _aenv_latency(p: dict[str, Any]) -> dict[str, float]:
     try:
         td = await pool.reset()
         startup = time.perf_counter() - t0
-        td["env_index"] = torch.arange(n)
-        td["action"] = torch.zeros(n, 1)
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + float(p["duration"])
-        pool.async_step_send(td)
-        while True:
-            out = await pool.async_step_recv()
-            now = time.perf_counter()
-            steps += out.batch_size[0]
-            if now >= deadline:
-                break
-            nxt = pool.step_mdp(out)
-            nxt["action"] = torch.zeros(out.batch_size[0], 1)
-            pool.async_step_send(nxt)
-        elapsed = now - start
+        res = await stream_steps(pool, td, float(p["duration"]))
     finally:
         await pool.aclose()
-    return {"startup_s": startup, "env_steps_per_s": steps / elapsed}
+    return {"startup_s": startup, "env_steps_per_s": res["steps"] / res["elapsed_s"]}
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks._common import ideal_throughput, print_table  # noqa: E402
+from benchmarks._common import ideal_throughput, print_table, stream_steps  # noqa: E402
 
 FULL = {"n_envs": 1024, "median": 0.05, "sigma": 1.0, "duration": 10.0, "seed": 0}
 QUICK = {"n_envs": 64, "median": 0.01, "sigma": 1.0, "duration": 2.0, "seed": 0}
@@ -48,26 +48,10 @@ async def _stream(backend: str, p: dict[str, Any]) -> dict[str, Any]:
     try:
         td = await pool.reset()
         startup = time.perf_counter() - t_build
-        td["env_index"] = torch.arange(n)
-        td["action"] = torch.zeros(n, 1)
-        steps = recvs = 0
-        start = time.perf_counter()
-        deadline = start + float(p["duration"])
-        pool.async_step_send(td)
-        while True:
-            out = await pool.async_step_recv()
-            now = time.perf_counter()
-            steps += out.batch_size[0]
-            recvs += 1
-            if now >= deadline:
-                break
-            nxt = pool.step_mdp(out)
-            nxt["action"] = torch.zeros(out.batch_size[0], 1)
-            pool.async_step_send(nxt)
-        elapsed = now - start
+        res = await stream_steps(pool, td, float(p["duration"]))
     finally:
         await pool.aclose()
-    return {"steps": steps, "elapsed_s": elapsed, "startup_s": startup, "recv_calls": recvs}
+    return {**res, "startup_s": startup}
 
 
 def _peer(p: dict[str, Any], quick: bool) -> dict[str, Any]:
