@@ -160,7 +160,7 @@ class CoroutineBackend(Backend):
             inputs = split_inputs(
                 tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:]
             )
-        if not rows.takes(self.envs, op, inputs):
+        if not rows.takes(self.envs, op, inputs, staged is not None):
             return None
         try:
             return rows.run(self.envs, op, inputs)

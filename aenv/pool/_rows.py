@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._rowplan import INPUT_GROUPS, RESET_GROUPS, STEP_GROUPS, plan_rows
 from aenv.pool._backend import Failure, Stacked
@@ -109,11 +110,18 @@ class Rows:
             stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
             self.input_rows = stacked.unbind(0)
 
-    def takes(self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]) -> bool:
+    def takes(
+        self,
+        envs: Sequence[EnvBase],
+        op: str,
+        inputs: Sequence[TensorDictBase],
+        staged: bool = False,
+    ) -> bool:
         """Whether every env's ``op`` runs inline on the lean path (EnvBase's step, no
         ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`), and no
         env has handed back a TensorDict instead of writing its row (then the per-env path
-        is cheaper, and is taken from then on)."""
+        is cheaper, and is taken from then on). ``staged``: the inputs are this object's
+        input rows (planned entries only, so no ``"_step"`` mask to look for)."""
         if not (self.ok and self.direct):
             return False
         ids = tuple(map(id, envs))
@@ -122,6 +130,10 @@ class Rows:
             if not all(runs_inline(env, op) for env in envs):
                 return False
             self._inline = (op, ids)
+        if staged:
+            # what lean_inline checks per env and step, less the mask no input row holds
+            # (the class-level part is runs_inline's, settled above)
+            return not any(env.run_type_checks or env.is_closed for env in envs)
         return all(lean_inline(env, op, td) for env, td in zip(envs, inputs, strict=True))
 
     def run(
@@ -132,7 +144,8 @@ class Rows:
         row cannot hold."""
         smr = op == "step_and_maybe_reset"
         n = len(envs)
-        reset_mask = torch.zeros(n, dtype=torch.bool) if smr else None
+        # (a list: one write to a tensor costs more than a step's whole bookkeeping)
+        reset_flags = [False] * n
         any_reset = False
         outcomes: list[Any] = [None] * n
         whole = True
@@ -158,7 +171,6 @@ class Rows:
                 if not done:
                     outcomes[i] = (stepped_next, None)
                     continue
-                assert reset_mask is not None
                 reset_row = self.reset_rows[i]
                 # (on a copy: the input row is kept for the next step)
                 rst = drive(env._reset_into(td.copy().set("next", stepped_next), reset_row))
@@ -166,7 +178,7 @@ class Rows:
                     whole = False
                     outcomes[i] = (stepped_next, rst)
                     continue
-                reset_mask[i] = any_reset = True
+                reset_flags[i] = any_reset = True
                 outcomes[i] = (stepped_next, reset_row)
             except Exception as exc:
                 whole = False
@@ -174,11 +186,13 @@ class Rows:
         if whole:
             assert self.next is not None and self.reset is not None
             if not smr:
-                return Stacked(self.next.clone())
+                return Stacked(fast_clone(self.next))
+            if not any_reset:
+                return Stacked(fast_clone(self.next))
             return Stacked(
-                self.next.clone(),
-                self.reset.clone() if any_reset else None,
-                reset_mask if any_reset else None,
+                fast_clone(self.next),
+                fast_clone(self.reset),
+                torch.tensor(reset_flags, dtype=torch.bool),
             )
         return [_private(o) for o in outcomes]
 

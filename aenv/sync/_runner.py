@@ -22,6 +22,7 @@ from several threads serialize on a lock. Sync code that runs *inside* a runner 
 
 from __future__ import annotations
 
+import _signal
 import asyncio
 import atexit
 import contextlib
@@ -43,6 +44,8 @@ __all__ = ["Runner", "get_runner", "run_blocking", "run_sync"]
 T = TypeVar("T")
 
 _get_running_loop = asyncio._get_running_loop
+_set_running_loop = asyncio._set_running_loop
+_SIGINT = int(signal.SIGINT)
 
 _SAME_LOOP_MSG = (
     "a synchronous aenv API was called from inside a coroutine running on aenv's own event "
@@ -281,6 +284,8 @@ class Runner:
                 if guard.fired:
                     task.cancel()
             if deadline is None:
+                if _step_now(loop, task) and task.done():
+                    return task.result()
                 return self._drive(task)
             expired: list[bool] = []
 
@@ -454,11 +459,13 @@ class _SigintGuard:
     def install(cls, loop: asyncio.AbstractEventLoop) -> _SigintGuard | None:
         if threading.get_ident() != _MAIN_THREAD:
             return None
-        previous = signal.getsignal(signal.SIGINT)
+        # (the C functions: signal.signal's enum conversions cost more than the swap itself,
+        # and this runs twice per facade call)
+        previous = _signal.getsignal(_SIGINT)
         if previous is not signal.default_int_handler:
             return None  # the user's own handler (or SIG_IGN) stays in charge
         guard = cls(loop, previous)
-        signal.signal(signal.SIGINT, guard._on_sigint)
+        _signal.signal(_SIGINT, guard._on_sigint)
         return guard
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -472,7 +479,40 @@ class _SigintGuard:
                 self.loop.call_soon_threadsafe(_noop)  # wake a loop asleep in its selector
 
     def restore(self) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        _signal.signal(_SIGINT, self.previous)
+
+
+def _step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> bool:
+    """Runs the first step of ``task``, just created, here and now instead of on the loop's
+    next iteration (what Python 3.12's eager tasks do): a facade call whose coroutine never
+    suspends (a whole-batch step of inline envs) then costs no loop start, no selector poll
+    and no done-callback round. Returns whether it ran: only on asyncio's own loop, where
+    the task's step is the last handle in the ready queue (so no other callback is skipped
+    or reordered); anything else is left to the loop. The step runs as the loop would run it:
+    the loop set as running, its async-generator hooks installed, the task current; a
+    coroutine that suspends carries on when the loop runs.
+
+    When the step finished the task and nothing else became ready, the caller may take the
+    result without running the loop at all; otherwise it runs the loop as usual."""
+    ready = getattr(loop, "_ready", None)
+    if not ready:
+        return False
+    handle = ready[-1]
+    if getattr(handle._callback, "__self__", None) is not task:
+        return False
+    ready.pop()
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(
+        firstiter=loop._asyncgen_firstiter_hook,  # type: ignore[attr-defined]
+        finalizer=loop._asyncgen_finalizer_hook,  # type: ignore[attr-defined]
+    )
+    _set_running_loop(loop)
+    try:
+        handle._run()
+    finally:
+        _set_running_loop(None)
+        sys.set_asyncgen_hooks(*hooks)
+    return not ready
 
 
 def _discard(coro: object) -> None:

@@ -368,6 +368,39 @@ def test_close_leaves_no_thread_and_is_idempotent() -> None:
         r.run(_add, 1)
 
 
+def test_a_call_that_never_suspends_runs_as_the_loop_would_run_it(runner: Runner) -> None:
+    # The runner takes the first step of a call's task at once (no loop start when the call
+    # never suspends); inside it everything a task can rely on must hold.
+    seen: list[object] = []
+
+    async def body() -> int:
+        seen.append(asyncio.get_running_loop() is runner.loop)
+        task = asyncio.current_task()
+        seen.append(task is not None and not task.done())
+        async with asyncio.timeout(5):  # needs a current task
+            pass
+        asyncio.get_running_loop().call_soon(seen.append, "callback")
+        return 7
+
+    assert runner.run(body) == 7
+    assert seen == [True, True, "callback"]  # the callback ran before the call returned
+    assert asyncio._get_running_loop() is None and not runner.loop.is_running()
+
+    async def suspends() -> int:
+        async with asyncio.TaskGroup() as tg:  # a child task: the call suspends
+            child = tg.create_task(_add(1, 2))
+        return child.result()
+
+    assert runner.run(suspends) == 3
+
+    async def fails() -> None:
+        raise _Boom("now")
+
+    with pytest.raises(_Boom, match="now"):
+        runner.run(fails)
+    assert runner.run(_add, 2, 3) == 5  # the loop is still consistent
+
+
 def test_close_cancels_leftover_tasks_and_asyncgens() -> None:
     r = Runner()
     cleaned = []
