@@ -23,7 +23,7 @@ from aenv._mdp import (
     step_mdp,
     unravel,
 )
-from aenv.envs._specs import EnvSpecsMixin, default_reward_spec
+from aenv.envs._specs import EnvSpecsMixin, default_reward_spec, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
     BatchSizeError,
@@ -31,7 +31,6 @@ from aenv.exceptions import (
     EnvClosedError,
     SpecViolationError,
 )
-from aenv.specs import Composite
 
 __all__ = ["EnvBase"]
 
@@ -641,28 +640,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def fake_tensordict(self) -> TensorDictBase:
         """A zero-filled tensordict with every key a step produces, ``"next"`` included."""
-
-        def part(container: Composite, name: str) -> TensorDictBase:
-            return container[name].zero()
-
-        out, inp = self.output_spec, self.input_spec
-        root = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        for container, name in (
-            (out, "full_observation_spec"),
-            (out, "full_done_spec"),
-            (inp, "full_state_spec"),
-            (inp, "full_action_spec"),
-        ):
-            root.update(part(container, name))
-        nxt = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        for container, name in (
-            (out, "full_observation_spec"),
-            (out, "full_reward_spec"),
-            (out, "full_done_spec"),
-        ):
-            nxt.update(part(container, name))
-        root.set("next", nxt)
-        return root
+        return fake_from_specs(self.output_spec, self.input_spec, self.batch_size, self.device)
 
     def add_truncated_keys(self) -> EnvBase:
         """Add a ``"truncated"`` entry beside every ``"done"`` in the done spec."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import NestedKey, done_groups, exclusion_tree, reset_keys_from_done_keys
 from aenv.exceptions import BatchSizeError
@@ -68,6 +69,14 @@ class EnvSpecsMixin:
     batch_size: torch.Size
     _device: torch.device | None
     _spec_locked: bool
+    # True between a spec assignment and the next read of the specs: the roots are unlocked
+    # and the done spec not yet completed. An env's constructor assigns four or five specs
+    # in a row; settling once, on the first read, instead of after each (unlock, complete,
+    # relock every level) is most of what building a big pool costs.
+    _specs_open = False
+    # True once this env's spec objects may be held by other envs too (:meth:`_share_specs`):
+    # the first change in place (an assignment, an unlock) copies them first
+    _specs_shared = False
 
     def _init_specs(self) -> None:
         bs = self.batch_size
@@ -90,24 +99,28 @@ class EnvSpecsMixin:
     @property
     def output_spec(self) -> Composite:
         """The locked composite of everything the env outputs."""
+        if self._specs_open:
+            self._specs_changed()
         return self.__dict__["output_spec"]
 
     @output_spec.setter
     def output_spec(self, spec: Composite) -> None:
         self._check_spec_shape("output_spec", spec)
+        self._open_specs()
         self.__dict__["output_spec"] = spec.clone()
-        self._specs_changed()
 
     @property
     def input_spec(self) -> Composite:
         """The locked composite of everything the env reads (actions and state)."""
+        if self._specs_open:
+            self._specs_changed()
         return self.__dict__["input_spec"]
 
     @input_spec.setter
     def input_spec(self, spec: Composite) -> None:
         self._check_spec_shape("input_spec", spec)
+        self._open_specs()
         self.__dict__["input_spec"] = spec.clone()
-        self._specs_changed()
 
     @property
     def is_spec_locked(self) -> bool:
@@ -116,6 +129,9 @@ class EnvSpecsMixin:
 
     def set_spec_lock_(self, mode: bool = True) -> EnvSpecsMixin:
         """Lock (``True``) or unlock (``False``) the specs in place; returns the env."""
+        if self._specs_open:
+            self._specs_changed()
+        self._own_specs()
         self._spec_locked = bool(mode)
         self._clear_spec_caches()
         for spec in (self.output_spec, self.input_spec):
@@ -129,22 +145,67 @@ class EnvSpecsMixin:
         for name in _CACHED:
             self.__dict__.pop(name, None)
 
+    def _share_specs(self, other: EnvSpecsMixin) -> bool:
+        """Hold ``other``'s spec objects instead of this env's own when they are equal and
+        both are locked (so neither is ever changed in place, only replaced): a pool's envs
+        built by one factory then keep one copy of their specs, not one each, which is most
+        of an env's objects (memory, and the garbage collector's walks over thousands of
+        envs). Returns whether the specs are shared."""
+        mine, theirs = self.__dict__, other.__dict__
+        if (
+            mine["output_spec"] is theirs["output_spec"]
+            and mine["input_spec"] is theirs["input_spec"]
+        ):
+            return True
+        if not (self._spec_locked and other._spec_locked) or self._specs_open or other._specs_open:
+            return False
+        if not (
+            mine["output_spec"] == theirs["output_spec"]
+            and mine["input_spec"] == theirs["input_spec"]
+        ):
+            return False
+        mine["output_spec"], mine["input_spec"] = theirs["output_spec"], theirs["input_spec"]
+        self._specs_shared = other._specs_shared = True
+        self._clear_spec_caches()
+        return True
+
+    def _own_specs(self) -> None:
+        """Copy shared spec objects before this env changes them in place (copy on write)."""
+        if self._specs_shared:
+            for name in ("output_spec", "input_spec"):
+                mine = self.__dict__[name].clone()
+                if self._spec_locked:
+                    mine.lock_()
+                self.__dict__[name] = mine
+            self._specs_shared = False
+
+    def _open_specs(self) -> None:
+        """Unlock the roots for an assignment and drop the derived caches; the change is
+        settled (:meth:`_specs_changed`) on the next read of either root."""
+        self._clear_spec_caches()
+        if not self._specs_open:
+            self._own_specs()
+            self.__dict__["output_spec"].unlock_()
+            self.__dict__["input_spec"].unlock_()
+            self._specs_open = True
+
     def _specs_changed(self) -> None:
         """Complete the done spec, drop caches, relock if locking is on."""
-        self.output_spec.unlock_()
-        self.input_spec.unlock_()
+        self._own_specs()
+        out, inp = self.__dict__["output_spec"], self.__dict__["input_spec"]
+        self._specs_open = False
+        out.unlock_()
+        inp.unlock_()
         self._complete_done_spec()
         self._clear_spec_caches()
         if self._spec_locked:
-            self.output_spec.lock_()
-            self.input_spec.lock_()
+            out.lock_()
+            inp.lock_()
 
     def _set_sub_spec(self, parent: str, name: str, spec: Composite) -> None:
         self._check_spec_shape(name, spec)
-        root = self.__dict__[parent]
-        root.unlock_()
-        root[name] = spec.clone()
-        self._specs_changed()
+        self._open_specs()
+        self.__dict__[parent][name] = spec.clone()
 
     def _check_spec_shape(self, name: str, spec: TensorSpec) -> None:
         bs = self.batch_size
@@ -445,3 +506,26 @@ def _leaf_keys(spec: Composite) -> list[NestedKey]:
 
 def default_reward_spec(batch_size: torch.Size, device: torch.device | None) -> Unbounded:
     return Unbounded(shape=(*batch_size, 1), device=device)
+
+
+def fake_from_specs(
+    output_spec: Composite,
+    input_spec: Composite,
+    batch_size: torch.Size,
+    device: torch.device | None,
+) -> TensorDictBase:
+    """A zero-filled tensordict with every key a step of an env with these specs produces,
+    ``"next"`` included (:meth:`~aenv.EnvBase.fake_tensordict`)."""
+    root = TensorDict({}, batch_size=batch_size, device=device)
+    for container, name in (
+        (output_spec, "full_observation_spec"),
+        (output_spec, "full_done_spec"),
+        (input_spec, "full_state_spec"),
+        (input_spec, "full_action_spec"),
+    ):
+        root.update(container[name].zero())
+    nxt = TensorDict({}, batch_size=batch_size, device=device)
+    for name in ("full_observation_spec", "full_reward_spec", "full_done_spec"):
+        nxt.update(output_spec[name].zero())
+    root.set("next", nxt)
+    return root

@@ -16,6 +16,7 @@ from tensordict.nn import set_interaction_type as set_exploration_type
 from tensordict.nn.probabilistic import interaction_type as _interaction_type
 
 from aenv._mdp import unravel
+from aenv.envs._specs import fake_from_specs
 from aenv.specs import Composite, TensorSpec
 
 if TYPE_CHECKING:
@@ -90,14 +91,15 @@ class EnvMetaData:
     """What other processes need to know of an env without building it.
 
     Holds the specs, batch size, device and batch-lock flag, and makes a zero
-    ``tensordict`` (as ``env.fake_tensordict()``); picklable, for building buffers or
-    checking data in another process.
+    ``tensordict`` (as ``env.fake_tensordict()``, made from the specs on first read: a pool
+    of thousands of envs reads none); picklable, for building buffers or checking data in
+    another process.
     """
 
     def __init__(
         self,
         *,
-        tensordict: TensorDictBase,
+        tensordict: TensorDictBase | None = None,
         specs: dict[str, Composite],
         batch_size: torch.Size,
         device: torch.device | None,
@@ -105,7 +107,7 @@ class EnvMetaData:
         env_str: str = "",
         methods: frozenset[str] = frozenset(),
     ) -> None:
-        self.tensordict = tensordict
+        self._tensordict = tensordict
         self.specs = specs
         self.batch_size = torch.Size(batch_size)
         self.device = device
@@ -115,11 +117,28 @@ class EnvMetaData:
         # read without asking the env (sync facades fan a method read out as calls)
         self.methods = methods
 
+    @property
+    def tensordict(self) -> TensorDictBase:
+        """A zero-filled tensordict with every key a step produces, ``"next"`` included."""
+        td = self._tensordict
+        if td is None:
+            td = self._tensordict = fake_from_specs(
+                self.specs["output_spec"], self.specs["input_spec"], self.batch_size, self.device
+            )
+        return td
+
+    @tensordict.setter
+    def tensordict(self, value: TensorDictBase) -> None:
+        self._tensordict = value
+
     @classmethod
     def metadata_from_env(cls, env: EnvBase) -> EnvMetaData:
+        inp, out = env.input_spec, env.output_spec
+        if not env.is_spec_locked:
+            # (locked specs are never changed in place, only replaced: shared, not copied)
+            inp, out = inp.clone(), out.clone()
         return cls(
-            tensordict=env.fake_tensordict(),
-            specs={"input_spec": env.input_spec.clone(), "output_spec": env.output_spec.clone()},
+            specs={"input_spec": inp, "output_spec": out},
             batch_size=env.batch_size,
             device=env.device,
             batch_locked=env.batch_locked,

@@ -25,6 +25,7 @@ from tensordict import TensorDictBase, is_leaf_nontensor
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Backend, Failure, Stacked
+from aenv.pool._build import paused_gc, share_specs
 from aenv.pool._ops import drive, execute, runs_inline
 from aenv.pool._rows import Rows
 from aenv.pool._stacking import split_inputs
@@ -50,16 +51,18 @@ class CoroutineBackend(Backend):
     def start(self, env_fns: Sequence[Callable[[], EnvBase]]) -> list[EnvMetaData]:
         self.env_fns = list(env_fns)
         self.envs = []
-        try:
-            for fn in self.env_fns:
-                self.envs.append(_build(fn))
-        except BaseException:
-            for env in self.envs:
-                if not _async_close(env):
-                    with contextlib.suppress(Exception):
-                        drive(env.aclose())
-            raise
-        return [EnvMetaData.metadata_from_env(env) for env in self.envs]
+        with paused_gc():
+            try:
+                for fn in self.env_fns:
+                    self.envs.append(_build(fn))
+            except BaseException:
+                for env in self.envs:
+                    if not _async_close(env):
+                        with contextlib.suppress(Exception):
+                            drive(env.aclose())
+                raise
+            share_specs(self.envs)
+            return [EnvMetaData.metadata_from_env(env) for env in self.envs]
 
     # ------------------------------------------------------------------ streaming
     def submit(self, env_index: int, op: str, payload: Any) -> None:
