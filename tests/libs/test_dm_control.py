@@ -223,6 +223,18 @@ async def test_in_a_pool_matches_the_library_loop(backend):
         )
 
 
+async def test_pixels_from_a_process_pool():
+    make = functools.partial(_cartpole, from_pixels=True, render_kwargs={"height": 24, "width": 32})
+    async with AsyncEnvPool([make], backend="process") as pool:
+        await pool.set_seed(4)
+        td = await pool.reset()
+    # rendered (EGL) in the worker process: the frame of dm_control's own env, same seed
+    ref = suite.load("cartpole", "swingup", task_kwargs={"random": 4, "time_limit": TIME_LIMIT})
+    ref.reset()
+    assert np.array_equal(td["pixels"][0].numpy(), ref.physics.render(24, 32, camera_id=0))
+    ref.close()
+
+
 async def test_pixels_are_the_physics_render():
     env = _cartpole(from_pixels=True, render_kwargs={"height": 48, "width": 64})
     assert env.observation_spec["pixels"].shape == (48, 64, 3)
