@@ -69,6 +69,12 @@ BENCHMARKS = [
         "256 tool-calling episodes against loopback model and tool servers (overhead per turn)",
     ),
     (
+        "torchrl_bridge",
+        "bench_torchrl_bridge",
+        "TorchRL bridge, each direction: cost per step over the wrapped env alone (needs torchrl "
+        "here or AENV_TORCHRL_PYTHON)",
+    ),
+    (
         "ray",
         "bench_ray",
         "Ray backend vs process backend: per-step overhead, CartPole, 64 latency envs, startup",
