@@ -10,7 +10,8 @@ What it compares (all aenv, one run):
   replayed back to back (``aenv.testing.latency_ideal_steps``; over a short run of
   heavy-tailed latencies, ``N / E[latency]`` would misjudge what is reachable);
 * startup time to the first reset for each backend;
-* 10,000 coroutine envs in one process: memory per env (RSS growth) and reset time;
+* 1,024 to 16,384 coroutine envs in one process: build and reset CPU time per env, memory
+  per env (RSS growth) and GC-tracked objects per env, each size in a fresh interpreter;
 * cost growth: framework time per env-step with zero-latency envs, per backend and N.
 
 Run: ``python benchmarks/bench_scale.py [--quick]``
@@ -165,36 +166,56 @@ def startup_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_rows(quick: bool) -> list[dict[str, Any]]:
+def _memory_one(n: int) -> dict[str, Any]:
+    """Build and reset ``n`` latency envs in this (fresh) process: CPU time per env for
+    each, RSS growth and GC-tracked objects per env (the objects every full collection of
+    the cyclic garbage collector walks)."""
     import psutil
 
-    n = 1000 if quick else 10_000
     proc = psutil.Process(os.getpid())
     gc.collect()
-    before = proc.memory_info().rss
+    before, objs_before = proc.memory_info().rss, len(gc.get_objects())
 
-    async def build_and_reset() -> tuple[float, float, int]:
-        t0 = time.perf_counter()
+    async def build_and_reset() -> tuple[float, float, int, int]:
+        t0 = time.process_time()
         pool = _make_pool(n, latency=0.0)
-        built = time.perf_counter() - t0
+        built = time.process_time() - t0
         try:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             await pool.reset()
-            reset = time.perf_counter() - t0
-            return built, reset, proc.memory_info().rss
+            reset = time.process_time() - t0
+            gc.collect()
+            return built, reset, proc.memory_info().rss, len(gc.get_objects())
         finally:
             await pool.aclose()
 
-    built, reset, after = anyio.run(build_and_reset)
-    return [
-        {
-            "envs": n,
-            "build (s)": built,
-            "reset all (s)": reset,
-            "RSS growth (MiB)": (after - before) / 2**20,
-            "KiB per env": (after - before) / 1024 / n,
-        }
-    ]
+    built, reset, after, objs = anyio.run(build_and_reset)
+    return {
+        "envs": n,
+        "build (us per env)": built / n * 1e6,
+        "reset (us per env)": reset / n * 1e6,
+        "build + reset (s)": built + reset,
+        "KiB per env": (after - before) / 1024 / n,
+        "GC objects per env": (objs - objs_before) / n,
+    }
+
+
+def memory_rows(quick: bool) -> list[dict[str, Any]]:
+    """:func:`_memory_one` per size, each in a fresh interpreter (RSS and the collector's
+    heap otherwise carry the previous size's leftovers). Times are CPU times."""
+    import json
+    import subprocess
+
+    rows = []
+    for n in [1024] if quick else [1024, 4096, 16_384]:
+        out = subprocess.run(
+            [sys.executable, __file__, "--memory-one", str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    return rows
 
 
 def cost_rows(quick: bool) -> list[dict[str, Any]]:
@@ -226,7 +247,14 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memory-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_one:
+        import json
+
+        torch.set_num_threads(1)
+        print(json.dumps(_memory_one(args.memory_one)))
+        return
     results = run(args.quick)
     titles = {
         "scale": "Throughput vs number of coroutine envs (50 ms latency, streaming)",

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -34,6 +36,7 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in ci.splitlines()
 
 
+@pytest.mark.timeout(600)  # every README block in turn, each a fresh interpreter
 def test_python_blocks_run(tmp_path):
     blocks = _python_blocks()
     assert blocks
@@ -41,6 +44,6 @@ def test_python_blocks_run(tmp_path):
         script = tmp_path / f"block{i}.py"
         script.write_text(block)
         proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=300
         )
         assert proc.returncode == 0, f"README python block {i} failed:\n{proc.stderr[-2000:]}"

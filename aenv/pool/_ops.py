@@ -23,9 +23,9 @@ __all__ = [
     "drive",
     "execute",
     "execute_inline",
-    "finish_inline",
     "lean_inline",
     "runs_inline",
+    "step_rows",
 ]
 
 OPS = ("step", "reset", "step_and_maybe_reset", "seed", "call", "getattr")
@@ -63,12 +63,49 @@ async def _step_and_maybe_reset(
         # A custom composite: honour it, keep its "next".
         stepped, reset = await env.step_and_maybe_reset(td)
         return stepped.get("next"), reset
+    if _lean_step_ok(env, td):
+        lean_next, lean_reset = await step_rows(env, "step_and_maybe_reset", td)
+        assert not isinstance(lean_next, bool) and not isinstance(lean_reset, bool)
+        return lean_next, lean_reset
     nxt = await _step(env, td)
     if not _any_done(env, nxt):
         return nxt, None
     out = await env._reset_into(td.set("next", nxt), None)
     assert not isinstance(out, bool)
     return nxt, out
+
+
+async def step_rows(
+    env: EnvBase,
+    op: str,
+    td: TensorDictBase,
+    next_row: TensorDictBase | None = None,
+    reset_row: TensorDictBase | None = None,
+) -> tuple[bool | TensorDictBase, bool | TensorDictBase | None]:
+    """A lean step (see :func:`lean_inline`) of one env through its hooks: the step into
+    ``next_row``, then, for a step-and-maybe-reset that ended the episode, the reset into
+    ``reset_row`` (rows as the specs plan them, or None for TensorDicts). The one "step,
+    then reset what is done" of every whole-batch path (a pool's rows, a process worker's
+    slots, a lone env's op).
+
+    Returns ``(next, reset)``: ``next`` is the done flag when the row holds the step, else
+    its TensorDict; ``reset`` is None when no reset ran (a step, or not done), True when
+    the reset row holds it, else its TensorDict. ``td`` gets no entry: the reset sees a
+    shallow copy with ``"next"``.
+    """
+    nxt = await env._step_into(td, next_row)
+    if op == "step":
+        return nxt, None
+    if isinstance(nxt, bool):
+        if not nxt:
+            return nxt, None
+        assert next_row is not None
+        stepped = td.copy().set("next", next_row)
+    elif _any_done(env, nxt):
+        stepped = td.copy().set("next", nxt)
+    else:
+        return nxt, None
+    return nxt, await env._reset_into(stepped, reset_row)
 
 
 def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
@@ -92,22 +129,12 @@ def lean_inline(env: EnvBase, op: str, payload: TensorDictBase) -> bool:
     )
 
 
-def finish_inline(env: EnvBase, op: str, payload: TensorDictBase, nxt: TensorDictBase) -> Any:
-    """The result of a lean step whose processed ``"next"`` content is ``nxt``: ``nxt`` for
-    a step; for a step-and-maybe-reset, ``(nxt, reset result or None)``, the env reset
-    (inline) when the step ended its episode."""
-    if op == "step":
-        return nxt
-    if not _any_done(env, nxt):
-        return nxt, None
-    return nxt, drive(env._reset_into(payload.set("next", nxt), None))
-
-
 def execute_inline(env: EnvBase, op: str, payload: Any) -> Any:
     """``drive(execute(env, op, payload))`` for an op that :func:`runs_inline`: the same
     result; a step on the lean path (see :func:`lean_inline`) skips the op's coroutine."""
     if (op == "step" or op == "step_and_maybe_reset") and lean_inline(env, op, payload):
-        return finish_inline(env, op, payload, drive(env._step_into(payload, None)))
+        nxt, reset = drive(step_rows(env, op, payload))
+        return nxt if op == "step" else (nxt, reset)
     return drive(execute(env, op, payload))
 
 

@@ -60,14 +60,7 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import EnvStepError
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._ops import (
-    drive,
-    execute,
-    execute_inline,
-    finish_inline,
-    lean_inline,
-    runs_inline,
-)
+from aenv.pool._ops import drive, execute, execute_inline, lean_inline, runs_inline, step_rows
 from aenv.pool._process_support import close_inherited
 from aenv.pool._shm import Slot, map_region, map_slots
 
@@ -399,27 +392,24 @@ class _Runtime:
                 if not lean_inline(env, op, payload):
                     result = execute_inline(env, op, payload)
                 else:
-                    # the env's step straight into its result slot where it can write there
-                    out = drive(env._step_into(payload, slots["next"].td))
-                    if out is False or (out is True and op == "step"):
-                        # every result is in the slot already
-                        self._done(i, seq, batch, SLOT, None if op == "step" else False)
-                        continue
-                    if out is True:
-                        # the episode ended: the reset goes into its slot too where it can
-                        reset = slots.get("reset")
-                        rst = drive(
-                            env._reset_into(
-                                payload.set("next", slots["next"].td),
-                                None if reset is None else reset.td,
-                            )
+                    # the env's step straight into its result slot where it can write
+                    # there, and the reset into its reset slot
+                    reset = slots.get("reset")
+                    nxt, rst = drive(
+                        step_rows(
+                            env, op, payload, slots["next"].td, None if reset is None else reset.td
                         )
-                        if rst is True:
-                            self._done(i, seq, batch, SLOT, True)
-                            continue
-                        result = (slots["next"].read(), rst)
-                    else:
-                        result = finish_inline(env, op, payload, out)
+                    )
+                    if isinstance(nxt, bool) and (rst is None or rst is True):
+                        # every result is in the slots already
+                        self._done(i, seq, batch, SLOT, None if op == "step" else rst is True)
+                        continue
+                    if isinstance(nxt, bool):
+                        nxt = slots["next"].read()
+                    if rst is True:
+                        assert reset is not None
+                        rst = reset.read()
+                    result = nxt if op == "step" else (nxt, rst)
             except Exception as exc:
                 self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:

@@ -23,7 +23,7 @@ from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._rowplan import INPUT_GROUPS, RESET_GROUPS, STEP_GROUPS, plan_rows
 from aenv.pool._backend import Failure, Stacked
-from aenv.pool._ops import _any_done, drive, lean_inline, runs_inline
+from aenv.pool._ops import drive, lean_inline, runs_inline, step_rows
 
 __all__ = ["Rows"]
 
@@ -152,28 +152,19 @@ class Rows:
         for i, (env, td) in enumerate(zip(envs, inputs, strict=True)):
             row = self.next_rows[i]
             try:
-                res = drive(env._step_into(td, row))
+                res, rst = drive(step_rows(env, op, td, row, self.reset_rows[i]))
+                stepped_next = row
                 if not isinstance(res, bool):
-                    nxt = res
                     self.direct = False
-                    if _fill(row, self.next_keys, res):
-                        res = _any_done(env, res)
-                    else:
-                        whole = False
+                    stepped_next = res
+                    whole = _fill(row, self.next_keys, res) and whole
                 if not smr:
-                    outcomes[i] = row if isinstance(res, bool) else nxt
+                    outcomes[i] = stepped_next
                     continue
-                if isinstance(res, bool):
-                    stepped_next: TensorDictBase = row
-                    done = res
-                else:
-                    stepped_next, done = nxt, _any_done(env, nxt)
-                if not done:
+                if rst is None:
                     outcomes[i] = (stepped_next, None)
                     continue
                 reset_row = self.reset_rows[i]
-                # (on a copy: the input row is kept for the next step)
-                rst = drive(env._reset_into(td.copy().set("next", stepped_next), reset_row))
                 if rst is not True and not _fill(reset_row, self.reset_keys, rst):
                     whole = False
                     outcomes[i] = (stepped_next, rst)
@@ -185,8 +176,6 @@ class Rows:
                 outcomes[i] = Failure(exc)
         if whole:
             assert self.next is not None and self.reset is not None
-            if not smr:
-                return Stacked(fast_clone(self.next))
             if not any_reset:
                 return Stacked(fast_clone(self.next))
             return Stacked(
