@@ -10,8 +10,11 @@
   ``SyncVectorEnv`` and ``AsyncVectorEnv``.
 
 The machine is shared: every variant of a table is built first, then timed in interleaved
-rounds (one run of each per round, wall clock), and each ratio is the median over rounds of
-the ratio within a round, so that load that comes and goes hits both sides of a ratio alike.
+rounds (one run of each per round), and each ratio is the median over rounds of the ratio
+within a round, so that load that comes and goes hits both sides of a ratio alike. Ratios
+are given on wall-clock time (what a script sees) and on CPU time (this process's and its
+child processes', AsyncVectorEnv's workers included: what a step costs, which a loaded
+machine does not blur).
 
 Run: ``python benchmarks/bench_gymnasium_bridge.py [--quick]``
 """
@@ -60,17 +63,40 @@ def _vector_loop(envs: Any, steps: int) -> Callable[[], None]:
     return loop
 
 
-def _interleaved(loops: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each loop per round, the loops taking turns (one warm-up run each)."""
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its child processes (AsyncVectorEnv's
+    workers, still running: read with psutil where it is installed)."""
+    own = time.process_time()
+    try:
+        import psutil
+    except ImportError:
+        return own
+    children = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        children += t.user + t.system
+    return own + children
+
+
+def _interleaved(
+    loops: dict[str, Callable[[], None]], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall-clock and CPU seconds of each loop per round, the loops taking turns (one
+    warm-up run each)."""
     for loop in loops.values():
         loop()
-    times: dict[str, list[float]] = {name: [] for name in loops}
+    wall: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(rounds):
         for name, loop in loops.items():
-            start = time.perf_counter()
+            c0, w0 = _cpu_seconds(), time.perf_counter()
             loop()
-            times[name].append(time.perf_counter() - start)
-    return times
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(_cpu_seconds() - c0)
+    return wall, cpu
 
 
 def _ratio(times: dict[str, list[float]], name: str, base: str) -> float:
@@ -87,7 +113,7 @@ def _single(steps: int, rounds: int) -> list[dict[str, Any]]:
         "gymnasium.make": gym.make("CartPole-v1"),
         "to_gymnasium(GymEnv)": to_gymnasium(GymEnv("CartPole-v1")),
     }
-    times = _interleaved({k: _single_loop(e, steps) for k, e in envs.items()}, rounds)
+    times, cpu = _interleaved({k: _single_loop(e, steps) for k, e in envs.items()}, rounds)
     for env in envs.values():
         env.close()
     return [
@@ -96,6 +122,7 @@ def _single(steps: int, rounds: int) -> list[dict[str, Any]]:
             "variant": name,
             "env-steps/s": steps / min(t),
             "x plain gymnasium": _ratio(times, name, "gymnasium.make"),
+            "CPU x plain gymnasium": _ratio(cpu, name, "gymnasium.make"),
         }
         for name, t in times.items()
     ]
@@ -127,14 +154,15 @@ def _sb3(timesteps: int, rounds: int) -> list[dict[str, Any]]:
 
         return run
 
-    times = _interleaved({k: learn(m) for k, m in makers.items()}, rounds)
+    times, cpu = _interleaved({k: learn(m) for k, m in makers.items()}, rounds)
     return [
         {
             "benchmark": f"SB3 PPO.learn({timesteps}) on CartPole-v1",
             "variant": name,
             "env-steps/s": timesteps / min(t),
             "x plain gymnasium": _ratio(times, name, "gymnasium.make"),
-            "wall-clock x plain gymnasium": 1 / _ratio(times, name, "gymnasium.make"),
+            "CPU x plain gymnasium": _ratio(cpu, name, "gymnasium.make"),
+            "time / plain gymnasium's": 1 / _ratio(times, name, "gymnasium.make"),
         }
         for name, t in times.items()
     ]
@@ -160,7 +188,7 @@ def _vector(steps: int, rounds: int) -> list[dict[str, Any]]:
         ),
     }
     wrapped = {k: RecordEpisodeStatistics(e) for k, e in envs.items()}
-    times = _interleaved({k: _vector_loop(e, steps) for k, e in wrapped.items()}, rounds)
+    times, cpu = _interleaved({k: _vector_loop(e, steps) for k, e in wrapped.items()}, rounds)
     for env in wrapped.values():
         env.close()
     return [
@@ -170,6 +198,7 @@ def _vector(steps: int, rounds: int) -> list[dict[str, Any]]:
             "env-steps/s": steps * 8 / min(t),
             "x plain gymnasium": _ratio(times, name, "SyncVectorEnv"),
             "x AsyncVectorEnv": _ratio(times, name, "AsyncVectorEnv"),
+            "CPU x AsyncVectorEnv": _ratio(cpu, name, "AsyncVectorEnv"),
         }
         for name, t in times.items()
     ]

@@ -172,6 +172,15 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         env = self.env
+        rows = self._rows
+        if self._on_rows and seed is None and not options:
+            assert rows is not None
+            # after the step that ended the episode: the env's reset-after-done into the
+            # rows, as a pool's step-and-maybe-reset resets it
+            if rows.reset_after_end():
+                views = self._obs_view
+                obs = views[rows.k].copy() if views is not None else codec_obs(self, rows)
+                return obs, {}
         if seed is not None:
             self._call("seed", env.set_seed, seed)
         if options:
@@ -179,7 +188,6 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
         else:
             td = self._call("reset", env.reset)
         self._started = True
-        rows = self._rows
         self._on_rows = rows is not None and rows.start(td)
         self._td = None if self._on_rows else td
         return self._codec.obs(td), self._codec.info(td)
@@ -232,6 +240,11 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
     def close(self) -> None:
         if not self.env.is_closed:
             self.runner.run(self.env.aclose)
+
+
+def codec_obs(bridge: AenvGymnasiumEnv, rows: StepRows) -> Any:
+    """The current input row's observation as gymnasium gets it."""
+    return bridge._codec.obs(rows.current)
 
 
 def to_gymnasium(

@@ -63,6 +63,9 @@ class StepRows:
             return TensorDict._new_unsafe(values, size, env.device, nested=False)  # type: ignore[arg-type]
 
         self.inputs = [td({k: v[i] for k, v in shared.items()}) for i in (0, 1)]
+        # a reset's rows (observations and done flags): the current input's own leaves
+        self.resets = [td({k: v[i] for k, v in shared.items()}) for i in (0, 1)]
+        self.ended = False  # whether the last step ended the episode
         self.outs = [td({**{k: v[1 - i] for k, v in shared.items()}, **reward}) for i in (0, 1)]
         self.k = 0
         # numpy views of each row's reward and flags (for the outputs of the row just written)
@@ -138,8 +141,22 @@ class StepRows:
         out = drive(env._step_into(td, self.outs[self.k]))  # type: ignore[arg-type]
         if type(out) is bool:
             self.k = 1 - self.k
+            self.ended = out
             return None
         return out  # type: ignore[no-any-return]
+
+    def reset_after_end(self) -> bool:
+        """After a step that ended the episode: the env's reset-after-done hook
+        (:meth:`~aenv.EnvBase._reset_into`, what a pool's step-and-maybe-reset runs) into
+        the current input row; False, with nothing written, where the env hands a
+        TensorDict back instead (then the caller resets the env itself)."""
+        env = self.env
+        if not (self.ended and runs_inline(env, "step_and_maybe_reset")):
+            return False
+        stepped = self.inputs[1 - self.k].copy().set("next", self.last)
+        out = drive(env._reset_into(stepped, self.resets[self.k]))  # type: ignore[arg-type]
+        self.ended = False
+        return out is True
 
     def _stepped(self, td: TensorDictBase) -> TensorDictBase:
         stepped = drive(self.env.step(td))  # type: ignore[arg-type]

@@ -139,3 +139,20 @@ def test_step_before_reset_and_after_close():
     twin.close()
     with pytest.raises(EnvClosedError):
         twin.step(0)
+
+
+def test_reset_mid_episode_and_after_the_end_match_gymnasium():
+    """A reset after the step that ended an episode (the env's reset-after-done hook) and
+    one in mid-episode (the env's reset) both give gymnasium's next episodes."""
+    raw = gym.make("CartPole-v1")
+    twin = to_gymnasium(GymEnv("CartPole-v1"))
+    assert np.array_equal(raw.reset(seed=9)[0], twin.reset(seed=9)[0])
+    for episode in range(6):
+        for t in range(500):
+            s1, s2 = raw.step(1), twin.step(1)
+            assert np.array_equal(s1[0], s2[0])
+            if s1[2] or s1[3] or (episode % 2 and t == 2):
+                break
+        o1, i1 = raw.reset()
+        o2, i2 = twin.reset()
+        assert np.array_equal(o1, o2) and i2 == {}
