@@ -153,6 +153,6 @@ def test_reset_mid_episode_and_after_the_end_match_gymnasium():
             assert np.array_equal(s1[0], s2[0])
             if s1[2] or s1[3] or (episode % 2 and t == 2):
                 break
-        o1, i1 = raw.reset()
+        o1, _ = raw.reset()
         o2, i2 = twin.reset()
         assert np.array_equal(o1, o2) and i2 == {}
