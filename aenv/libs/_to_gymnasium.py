@@ -173,20 +173,25 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
         super().reset(seed=seed)
         env = self.env
         rows = self._rows
+        done = None
         if self._on_rows and seed is None and not options:
             assert rows is not None
             # after the step that ended the episode: the env's reset-after-done into the
             # rows, as a pool's step-and-maybe-reset resets it
-            if rows.reset_after_end():
+            done = rows.reset_after_end()
+            if done is True:
                 views = self._obs_view
-                obs = views[rows.k].copy() if views is not None else codec_obs(self, rows)
+                obs = views[rows.k].copy() if views is not None else self._codec.obs(rows.current)
                 return obs, {}
-        if seed is not None:
-            self._call("seed", env.set_seed, seed)
-        if options:
-            td = self.runner.run(functools.partial(env.reset, options=options))
+        if isinstance(done, TensorDictBase):
+            td = done  # (the env reset itself and handed its output back)
         else:
-            td = self._call("reset", env.reset)
+            if seed is not None:
+                self._call("seed", env.set_seed, seed)
+            if options:
+                td = self.runner.run(functools.partial(env.reset, options=options))
+            else:
+                td = self._call("reset", env.reset)
         self._started = True
         self._on_rows = rows is not None and rows.start(td)
         self._td = None if self._on_rows else td
@@ -240,11 +245,6 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
     def close(self) -> None:
         if not self.env.is_closed:
             self.runner.run(self.env.aclose)
-
-
-def codec_obs(bridge: AenvGymnasiumEnv, rows: StepRows) -> Any:
-    """The current input row's observation as gymnasium gets it."""
-    return bridge._codec.obs(rows.current)
 
 
 def to_gymnasium(

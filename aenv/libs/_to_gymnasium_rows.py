@@ -81,6 +81,8 @@ class StepRows:
         """Rows for ``env``, or None where they do not apply (see the class)."""
         if env.batch_size or not writes_rows(env) or not runs_inline(env, "step"):
             return None
+        if env.run_type_checks:
+            return None  # (EnvBase's full step checks the outputs)
         if env.state_keys or type(action_key) is not str or list(env.reward_keys) != ["reward"]:
             return None
         planned = plan_rows(env, STEP_GROUPS, 2)
@@ -145,18 +147,19 @@ class StepRows:
             return None
         return out  # type: ignore[no-any-return]
 
-    def reset_after_end(self) -> bool:
-        """After a step that ended the episode: the env's reset-after-done hook
+    def reset_after_end(self) -> bool | TensorDictBase | None:
+        """After a step that ended the episode, the env's reset-after-done hook
         (:meth:`~aenv.EnvBase._reset_into`, what a pool's step-and-maybe-reset runs) into
-        the current input row; False, with nothing written, where the env hands a
-        TensorDict back instead (then the caller resets the env itself)."""
+        the current input row: True once written there; the reset's TensorDict where the
+        env handed one back instead (the env did reset: the caller goes on from it); None
+        where it does not apply (nothing done: the caller resets the env itself)."""
         env = self.env
         if not (self.ended and runs_inline(env, "step_and_maybe_reset")):
-            return False
+            return None
+        self.ended = False
         stepped = self.inputs[1 - self.k].copy().set("next", self.last)
         out = drive(env._reset_into(stepped, self.resets[self.k]))  # type: ignore[arg-type]
-        self.ended = False
-        return out is True
+        return True if out is True else out  # type: ignore[no-any-return]
 
     def _stepped(self, td: TensorDictBase) -> TensorDictBase:
         stepped = drive(self.env.step(td))  # type: ignore[arg-type]
