@@ -52,6 +52,8 @@ class StepRows:
     def __init__(self, env: EnvBase, planned: TensorDictBase, action_key: str) -> None:
         self.env = env
         self.action_key = action_key
+        action_spec = env.full_action_spec[action_key]
+        self.action_shape, self.action_dtype = action_spec.shape, action_spec.dtype
         rewards = {unravel(k)[-1] for k in env.reward_keys}
         entries = planned._tensordict  # type: ignore[attr-defined]
         self.carried = [k for k in entries if k not in rewards]
@@ -133,11 +135,17 @@ class StepRows:
         if env.is_closed:
             env._check_open()
         td = self.inputs[self.k]
-        if type(action) is torch.Tensor:
+        if (
+            type(action) is torch.Tensor
+            and action.shape == self.action_shape
+            and action.dtype == self.action_dtype
+        ):
+            # what the env's action check would pass as it is (its shape and dtype; the
+            # domain is checked only with run_type_checks, which has no rows)
             td._tensordict[self.action_key] = action  # type: ignore[attr-defined]
         else:
             td.set(self.action_key, action)
-        env._check_actions(td)
+            env._check_actions(td)
         if not lean_inline(env, "step", td):
             return self._stepped(td)
         out = drive(env._step_into(td, self.outs[self.k]))  # type: ignore[arg-type]
