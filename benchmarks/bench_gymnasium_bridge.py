@@ -10,7 +10,7 @@
   ``SyncVectorEnv`` and ``AsyncVectorEnv``.
 
 The machine is shared: every variant of a table is built first, then timed in interleaved
-rounds (one run of each per round), and each ratio is the median over rounds of the ratio
+rounds (one run of each per round, the order flipped every round), and each ratio is the median over rounds of the ratio
 within a round, so that load that comes and goes hits both sides of a ratio alike. Ratios
 are given on wall-clock time (what a script sees) and on CPU time (this process's and its
 child processes', AsyncVectorEnv's workers included: what a step costs, which a loaded
@@ -90,8 +90,12 @@ def _interleaved(
         loop()
     wall: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(rounds):
-        for name, loop in loops.items():
+    names = list(loops)
+    for r in range(rounds):
+        # the order flips every round (A B, B A, ...): what running first or second costs
+        # (a warm cache, a collection due) falls on each side alike
+        for name in names if r % 2 == 0 else names[::-1]:
+            loop = loops[name]
             c0, w0 = _cpu_seconds(), time.perf_counter()
             loop()
             wall[name].append(time.perf_counter() - w0)
@@ -208,7 +212,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     if quick:
         return [*_single(300, 1), *_sb3(128, 1), *_vector(40, 1)]
-    return [*_single(20_000, 5), *_sb3(4096, 3), *_vector(2_000, 5)]
+    return [*_single(20_000, 6), *_sb3(4096, 4), *_vector(2_000, 6)]
 
 
 def main() -> None:
