@@ -7,6 +7,7 @@ gymnasium-style training loops.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import gymnasium
@@ -17,7 +18,9 @@ from tensordict import NonTensorData, TensorDictBase
 from aenv.envs._common import EnvBase
 from aenv.exceptions import BatchSizeError
 from aenv.libs._gym_info import info_dicts
+from aenv.libs._to_gymnasium_rows import StepRows, call_env
 from aenv.specs import NonTensor, TensorSpec, to_gym_space
+from aenv.specs._numpy import _plain_numpy as plain_numpy
 from aenv.specs._numpy import from_numpy_fn, to_numpy_fn
 from aenv.sync import Runner, get_runner
 
@@ -136,53 +139,108 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
             )
         self.env = env
         self._runner = runner
-        self._codec = Codec(env, 0, info_key)
-        self.observation_space = self._codec.obs_space
-        self.action_space = self._codec.action_space
-        self.render_mode = "rgb_array" if self._codec.pixels else None
-        self.metadata = {"render_modes": ["rgb_array"] if self._codec.pixels else []}
+        codec = self._codec = Codec(env, 0, info_key)
+        self.observation_space = codec.obs_space
+        self.action_space = codec.action_space
+        self.render_mode = "rgb_array" if codec.pixels else None
+        self.metadata = {"render_modes": ["rgb_array"] if codec.pixels else []}
+        # the last step's input-to-be: a TensorDict (the general path), or None with the
+        # rows holding it (the row path), or before the first reset
         self._td: TensorDictBase | None = None
+        self._started = False
+        # the row path: an env writing its steps into rows, no info entry, one observation
+        self._rows = (
+            StepRows.make(env, codec.action_key)
+            if codec.info_key is None and codec.single_obs
+            else None
+        )
+        self._on_rows = False
+        self._obs_view = None
+        if self._rows is not None and codec.obs_to_np is plain_numpy:
+            # the observation as gymnasium gets it is a copy of the row's numpy view
+            self._obs_view = [td.get("observation").numpy() for td in self._rows.inputs]
 
     @property
     def runner(self) -> Runner:
         return self._runner if self._runner is not None else get_runner()
 
-    async def _areset(self, seed: int | None, options: dict[str, Any] | None) -> TensorDictBase:
-        if seed is not None:
-            await self.env.set_seed(seed)
-        if options:
-            return await self.env.reset(options=options)
-        return await self.env.reset()
+    def _call(self, op: str, fn: Any, *args: Any) -> Any:
+        return call_env(self.env, self.runner, op, fn, *args)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
-        self._td = self.runner.run(self._areset, seed, options)
-        return self._codec.obs(self._td), self._codec.info(self._td)
+        env = self.env
+        rows = self._rows
+        done = None
+        if self._on_rows and seed is None and not options:
+            assert rows is not None
+            # after the step that ended the episode: the env's reset-after-done into the
+            # rows, as a pool's step-and-maybe-reset resets it
+            done = rows.reset_after_end()
+            if done is True:
+                views = self._obs_view
+                obs = views[rows.k].copy() if views is not None else self._codec.obs(rows.current)
+                return obs, {}
+        if isinstance(done, TensorDictBase):
+            td = done  # (the env reset itself and handed its output back)
+        else:
+            if seed is not None:
+                self._call("seed", env.set_seed, seed)
+            if options:
+                td = self.runner.run(functools.partial(env.reset, options=options))
+            else:
+                td = self._call("reset", env.reset)
+        self._started = True
+        self._on_rows = rows is not None and rows.start(td)
+        self._td = None if self._on_rows else td
+        return self._codec.obs(td), self._codec.info(td)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        td = self._td
-        if td is None:
+        if not self._started:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
-        td.set(self._codec.action_key, self._codec.action_from_np(action))
-        td = self.runner.run(self.env.step, td)
-        nxt = td.get("next")
-        obs = self._codec.obs(nxt)
+        codec = self._codec
+        value = codec.action_from_np(action)
+        rows = self._rows
+        if self._on_rows:
+            assert rows is not None
+            nxt = rows.step(value)
+            if nxt is None:
+                reward, terminated, truncated = rows.outputs()
+                views = self._obs_view
+                obs = views[rows.k].copy() if views is not None else codec.obs(rows.current)
+                return obs, reward, terminated, truncated, {}
+            # the env handed a TensorDict back: on with the general path from here
+            self._on_rows = False
+            td = rows.current.clone()
+            td.set("next", nxt)
+        else:
+            current = self._td
+            assert current is not None
+            td = current.set(codec.action_key, value)
+            td = self._call("step", self.env.step, td)
+            nxt = td.get("next")
+        obs = codec.obs(nxt)
         reward = float(nxt.get("reward"))
         term = _flag(nxt, "terminated")
         trunc = _flag(nxt, "truncated")
         done = bool(nxt.get("done"))
         terminated = bool(term) if term is not None else done
         truncated = bool(trunc) if trunc is not None else False
-        info = self._codec.info(nxt)
+        info = codec.info(nxt)
         self._td = self.env._step_mdp(td)
         return obs, reward, terminated, truncated, info
 
     def render(self) -> Any:
-        if not self._codec.pixels or self._td is None:
+        if not self._codec.pixels or not self._started:
             return None
-        return self._td.get("pixels").cpu().numpy()
+        td = self._td
+        if self._on_rows:
+            assert self._rows is not None
+            td = self._rows.current
+        assert td is not None
+        return td.get("pixels").cpu().numpy()
 
     def close(self) -> None:
         if not self.env.is_closed:

@@ -32,7 +32,16 @@ from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import BatchSizeError, PoolError, SpaceMismatchError
-from aenv.libs._gym_batch import at, cause, has_non_tensor, is_pool, leading_sizes, put, reset_mask
+from aenv.libs._gym_batch import (
+    _is_array_space,
+    at,
+    cause,
+    has_non_tensor,
+    is_pool,
+    leading_sizes,
+    put,
+    reset_mask,
+)
 from aenv.libs._gym_vector import DISABLED, NEXT_STEP, SAME_STEP, normalize_autoreset_mode
 from aenv.libs._to_gymnasium import Codec, fresh, unwrap_facade
 from aenv.specs import to_gym_space
@@ -95,6 +104,8 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         # env, needs the reset after the step)
         self._eager = is_pool(env) and not has_non_tensor(env.full_observation_spec)
         self._td: TensorDictBase | None = None
+        # one numpy array holds a batch of actions (checked by its first dim alone)
+        self._array_actions = _is_array_space(self.single_action_space)
         self._autoreset = np.zeros(n, dtype=np.bool_)
         self._dones = np.zeros(n, dtype=np.bool_)
 
@@ -238,31 +249,38 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         if td is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         n, codec = self.num_envs, self._codec
-        sizes = leading_sizes(self.single_action_space, actions)
-        if any(s is None for s in sizes):
-            raise TypeError(f"step needs a batch of {n} actions (one per sub-env), got {actions!r}")
-        if any(s != n for s in sizes):
-            raise ValueError(f"step needs {n} actions (one per sub-env), got {sizes[0]}")
+        if not (self._array_actions and type(actions) is np.ndarray and actions.shape[:1] == (n,)):
+            sizes = leading_sizes(self.single_action_space, actions)
+            if any(s is None for s in sizes):
+                raise TypeError(
+                    f"step needs a batch of {n} actions (one per sub-env), got {actions!r}"
+                )
+            if any(s != n for s in sizes):
+                raise ValueError(f"step needs {n} actions (one per sub-env), got {sizes[0]}")
         if self._mode == DISABLED and self._dones.any():
             raise gymnasium.error.ResetNeeded(
                 f"sub-envs {np.flatnonzero(self._dones).tolist()} finished with autoreset "
                 "disabled; reset them with reset(options={'reset_mask': ...}) first"
             )
         pending = self._autoreset.copy()
-        for i in np.flatnonzero(pending):
-            # this sub-env restarts instead: its action is ignored (and may be invalid)
-            space = self.single_action_space
-            actions = put(space, actions, int(i), at(space, self._neutral, int(i)))
+        any_pending = bool(pending.any())
+        if any_pending:
+            for i in np.flatnonzero(pending):
+                # this sub-env restarts instead: its action is ignored (and may be invalid)
+                space = self.single_action_space
+                actions = put(space, actions, int(i), at(space, self._neutral, int(i)))
         td.set(codec.action_key, codec.action_from_np(actions))
         nxt, next_input = self.runner.run(self._astep, td, pending)
-        reward = nxt.get("reward").reshape(n).cpu().numpy().astype(np.float64)
-        done = nxt.get("done").reshape(n).cpu().numpy().copy()
-        term = nxt.get("terminated", None)
-        term = done.copy() if term is None else term.reshape(n).cpu().numpy().copy()
-        trunc = nxt.get("truncated", None)
-        trunc = np.zeros_like(done) if trunc is None else trunc.reshape(n).cpu().numpy().copy()
-        reward[pending] = 0.0
-        term[pending] = trunc[pending] = done[pending] = False
+        reward = _flags(nxt, "reward", n, np.float64)
+        done = _flags(nxt, "done", n)
+        assert reward is not None and done is not None  # (every env's step gives them)
+        term_or_none = _flags(nxt, "terminated", n)
+        term = done.copy() if term_or_none is None else term_or_none
+        trunc_or_none = _flags(nxt, "truncated", n)
+        trunc = np.zeros_like(done) if trunc_or_none is None else trunc_or_none
+        if any_pending:
+            reward[pending] = 0.0
+            term[pending] = trunc[pending] = done[pending] = False
         infos: dict[str, Any] = {}
         step_infos = codec.infos(nxt, n)
         if self._mode == SAME_STEP:
@@ -275,7 +293,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
                 infos = self._merge_infos(step_infos)
         else:
             obs = codec.obs(nxt)
-            if pending.any():
+            if any_pending:
                 # the sub-envs that restarted show their first observation and reset info:
                 # a pool reset them in the last step (their start is this step's input),
                 # another env just now
@@ -323,6 +341,8 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
 
     def _merge_infos(self, per_env: list[dict[str, Any]]) -> dict[str, Any]:
         infos: dict[str, Any] = {}
+        if self._codec.info_key is None:
+            return infos  # (no sub-env keeps infos: every one is empty)
         for i, info in enumerate(per_env):
             infos = self._add_info(infos, info, i)
         return infos
@@ -423,6 +443,16 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
     def close_extras(self, **kwargs: Any) -> None:
         if not self.env.is_closed:
             self.runner.run(self.env.aclose)
+
+
+def _flags(td: TensorDictBase, key: str, n: int, dtype: Any = None) -> np.ndarray | None:
+    """Entry ``key`` of ``td`` (``n`` one-element values) as a fresh numpy array of ``n``
+    (None when absent)."""
+    value = td.get(key, None)
+    if value is None:
+        return None
+    out = value.detach().reshape(n).cpu().numpy()
+    return out.astype(dtype) if dtype is not None else out.copy()
 
 
 def to_gymnasium_vector(

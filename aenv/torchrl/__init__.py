@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from aenv._mdp import step_mdp, terminated_or_truncated
 from aenv.collectors import split_trajectories
 from aenv.envs import (
@@ -66,6 +68,7 @@ from aenv.torchrl._envs import (
     async_env,
     check_env_specs,
 )
+from aenv.torchrl._modules import ADAPTED as _ADAPTED
 from aenv.transforms import (
     ActionMask,
     BinarizeReward,
@@ -186,3 +189,13 @@ __all__ = [
     "step_mdp",
     "terminated_or_truncated",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # TorchRL's spec-reading modules and losses (aenv.torchrl._modules), built on first use
+    # so that this namespace imports without torchrl
+    if name in _ADAPTED:
+        from aenv.torchrl._modules import adapted_class
+
+        return adapted_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

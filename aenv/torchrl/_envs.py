@@ -12,9 +12,11 @@ face and awaits it, exactly as it awaits any aenv env; nothing is implemented tw
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import torch
 from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase as _AsyncEnvBase
@@ -22,6 +24,7 @@ from aenv.envs._utils import acheck_env_specs
 from aenv.libs.gym import GymEnv as _AsyncGymEnv
 from aenv.libs.gym import GymWrapper as _AsyncGymWrapper
 from aenv.specs import Composite
+from aenv.sync._creator import _OWN_METHODS, env_state_dict, load_env_state_dict
 from aenv.sync._facades import SyncEnv
 from aenv.sync._runner import get_runner
 from aenv.transforms import Compose, Transform
@@ -126,11 +129,33 @@ class SyncVerbs:
         """Returns the env (see :meth:`eval`)."""
         return self
 
+    def state_dict(self) -> OrderedDict[str, torch.Tensor]:
+        """The env's state as TorchRL's ``nn.Module`` envs give it: its transforms' buffers
+        under ``"transform."``, its base env's under ``"base_env."`` (the env's own tensors)."""
+        return env_state_dict(self)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Load a :meth:`state_dict` (values copied); ``strict`` (TorchRL's default) refuses
+        keys the env lacks and a state that leaves some of the env's keys out."""
+        if strict:
+            have = set(env_state_dict(self))
+            given = set(state_dict)
+            missing, unexpected = sorted(have - given), sorted(given - have)
+            if missing or unexpected:
+                raise RuntimeError(
+                    f"Error(s) in loading state_dict for {type(self).__name__}: missing keys "
+                    f"{missing}, unexpected keys {unexpected} (strict=False loads what fits)"
+                )
+        load_env_state_dict(self, state_dict)
+
     def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_OWN_METHODS.update((SyncVerbs.state_dict, SyncVerbs.load_state_dict))
 
 
 def async_env(env: Any) -> Any:
