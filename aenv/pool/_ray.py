@@ -321,21 +321,18 @@ class RayBackend(Backend):
         for g in self._groups:
             if g.outbox:
                 items, g.outbox = g.outbox, []
-                self._exchange(g, items)
+                try:
+                    self._exchange(g, items)
+                except Exception:  # Ray could not take an input (not serialisable)
+                    for item in items:  # one at a time: only that env's operation fails
+                        self._exchange_one(g, item)
             elif not g.calls and not g.quiet and g.state in ("starting", "ready"):
                 pending = self._pending
                 if any(pending[i] is not None for i in g.indices):
                     self._exchange(g, [])
 
     def _exchange(self, g: _Group, items: list[Item]) -> None:
-        try:
-            ref = g.actor.exchange.remote(items)
-        except Exception:  # Ray could not take an input (not serialisable): one at a time
-            if len(items) < 2:
-                raise
-            for item in items:
-                self._exchange_one(g, item)
-            return
+        ref = g.actor.exchange.remote(items)
         g.calls += 1
         g.quiet = False
         ref.future().add_done_callback(self._hop(self._on_exchange, g, g.gen, items))
@@ -347,7 +344,7 @@ class RayBackend(Backend):
             i, seq = item[0], item[1]
             if self._pending[i] == seq:
                 self._pending[i] = None
-                self._deliver(i, Failure(exc, str(exc)))
+                self._deliver(i, Failure(exc))
 
     def _on_exchange(self, g: _Group, gen: int, items: list[Item], future: Any) -> None:
         if g.gen != gen:

@@ -278,7 +278,7 @@ async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
         td = await pool.rollout(3, break_when_any_done=False)
         # a reset, then 3 steps, of 4 sync envs on 2 actors: 2 calls each time, 2 envs each
         assert sorted(calls) == [(0, 2)] * 4 + [(1, 2)] * 4
-        assert td["next", "observation"].squeeze(-1)[:, 2].tolist() == [1, 2, 3]
+        assert td["next", "observation"].squeeze(-1).tolist() == [[1, 2, 3]] * 4
 
     dim = 100_000  # 400 KB of float32 per env: past what Ray sends inline
     pool = ray_pool([partial(LatencyEnv, obs_dim=dim)] * 2, backend_options={"num_actors": 1})
@@ -286,7 +286,9 @@ async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
         td = await pool.rand_step(await pool.reset())
         assert td["next", "observation"].shape == (2, dim)
         assert bool((td["next", "observation"] == 1).all())
-        got = await pool.step_one(1, pool.step_mdp(td)[1].clone())
+        one = pool.step_mdp(td)[1].clone()
+        one["action"] = torch.zeros(1)
+        got = await pool.step_one(1, one)
         obs = got["next", "observation"]
         assert obs.shape == (dim,) and bool((obs == 2).all())
         obs.add_(1)  # a private, writable copy (not a read-only view of shared memory)
