@@ -27,7 +27,6 @@ Ray reports them dead; see :mod:`aenv.pool._ray_cluster` for the cluster itself.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -43,6 +42,7 @@ from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
 from aenv.pool._ray_actor import EnvActor, Item, pack, unpack
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
+from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
 
 __all__ = ["RayBackend"]
 
@@ -54,44 +54,7 @@ _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 DEFAULT_NUM_CPUS = 0.25
 
 
-class _Group:
-    """The envs of one actor, and the actor now hosting them."""
-
-    __slots__ = (
-        "actor",
-        "blob",
-        "calls",
-        "failure",
-        "gen",
-        "gid",
-        "indices",
-        "outbox",
-        "pid",
-        "quiet",
-        "state",
-        "watch",
-    )
-
-    def __init__(self, gid: int, indices: list[int], blob: bytes) -> None:
-        self.gid = gid
-        self.indices = indices
-        self.blob = blob
-        self.actor: Any = None
-        self.gen = 0
-        self.pid: int | None = None
-        # "starting" (not yet answered), "ready", "broken" (dead, not restarted), "closed"
-        self.state = "starting"
-        self.failure: Failure | None = None
-        self.watch: concurrent.futures.Future[Any] | None = None
-        # operations submitted since the last flush, ``exchange`` calls of this actor in
-        # flight, and whether the last empty ``exchange`` came back empty (the actor runs
-        # nothing: no need to hold one open until something is sent)
-        self.outbox: list[Item] = []
-        self.calls = 0
-        self.quiet = False
-
-
-class RayBackend(Backend):
+class RayBackend(RayFaults, Backend):
     """Runs sub-envs in Ray actors (see the module docstring).
 
     Options (``backend_options=`` of the pool):
@@ -365,13 +328,16 @@ class RayBackend(Backend):
             g.quiet = True
         pending = self._pending
         for i, seq, packed in answer:
-            if pending[i] != seq or type(packed) is str:  # given up, or stale (STALE)
-                continue
+            if pending[i] != seq:
+                continue  # given up
             pending[i] = None
-            try:
-                outcome = unpack(packed)
-            except Exception as exc:
-                outcome = Failure(exc)
+            if type(packed) is str:  # (STALE: never for the current operation)
+                outcome = Failure(RuntimeError(f"env {i}: the Ray actor dropped op {seq}"))
+            else:
+                try:
+                    outcome = unpack(packed)
+                except Exception as exc:
+                    outcome = Failure(exc)
             self._deliver(i, outcome)
         if not self._flushing and not self._closing:
             # after the receivers woken by these results ran: their next submissions, or
@@ -394,137 +360,6 @@ class RayBackend(Backend):
         if g.failure is None and g.state != "closed":
             _ignore(g.actor.cancel.remote(env_index, seq))
         return True
-
-    def replace(self, env_index: int) -> None:
-        loop = self._bind()
-        self._pending[env_index] = None
-        self._held.pop(env_index, None)
-        if self._lost[env_index] is not None:
-            self._lost[env_index] = None  # fresh since its actor was restarted
-            return
-        g = self._group_of[env_index]
-        if g.failure is not None or g.state == "closed" or env_index in self._replacing:
-            return
-        seq = next(self._seq)
-        future = g.actor.replace.remote(env_index, seq).future()
-        timer = None
-        if g.state == "ready":  # (a starting actor answers once started: timed from then)
-            timer = loop.call_later(self.replace_timeout, self._unresponsive, g, g.gen, env_index)
-        self._replacing[env_index] = (seq, timer)
-        future.add_done_callback(self._hop(self._on_replaced, env_index, seq, g.gen))
-
-    def _on_replaced(self, i: int, seq: int, gen: int, future: Any) -> None:
-        entry = self._replacing.get(i)
-        if entry is None or entry[0] != seq:
-            return
-        exc = future.exception()
-        if isinstance(exc, self._ray.exceptions.RayActorError):
-            self._actor_died(self._group_of[i], gen, exc)  # (a new actor takes env i's work)
-            return
-        del self._replacing[i]
-        if entry[1] is not None:
-            entry[1].cancel()
-        held = self._held.pop(i, None)
-        if held is not None:
-            self._send(i, *held)
-
-    def _unresponsive(self, g: _Group, gen: int, i: int) -> None:
-        if g.gen != gen or i not in self._replacing or self._closing:
-            return
-        reason = (
-            f"was killed after env {i} was given up and the actor did not answer within "
-            f"{self.replace_timeout} s"
-        )
-        self._kill_reasons[(g.gid, gen)] = reason
-        self._restart(g, reason)
-
-    # ------------------------------------------------------------------ faults
-    def _on_watch(self, g: _Group, gen: int, future: Any) -> None:
-        exc = future.exception()
-        if exc is not None:
-            self._actor_died(g, gen, exc)
-
-    def _on_ready(self, g: _Group, gen: int, future: Any) -> None:
-        if g.gen != gen or g.state != "starting":
-            return
-        try:
-            g.pid = future.result()[0]
-        except Exception as exc:
-            self._actor_died(g, gen, exc)
-            return
-        g.state = "ready"
-        loop = self._loop
-        assert loop is not None
-        for i in g.indices:
-            entry = self._replacing.get(i)
-            if entry is not None and entry[1] is None:
-                timer = loop.call_later(self.replace_timeout, self._unresponsive, g, gen, i)
-                self._replacing[i] = (entry[0], timer)
-
-    def _actor_died(self, g: _Group, gen: int, exc: BaseException) -> None:
-        if g.gen != gen or self._closing or g.state in ("broken", "closed"):
-            return
-        reason = self._kill_reasons.get((g.gid, gen)) or f"died ({_first_line(exc)})"
-        if g.state == "starting" or not self.restart_actors:
-            self._break(g, reason)
-            return
-        self._restart(g, reason)
-
-    def _restart(self, g: _Group, reason: str) -> None:
-        """Kill ``g``'s actor (if still alive) and start a new one with fresh envs; the
-        operations in flight on the old one (or not yet sent to it) fail."""
-        old, pid = g.actor, g.pid
-        with contextlib.suppress(ValueError):
-            self._handles.remove(old)
-        kill_actors(self._ray, [old])
-        lost = f"Ray actor {g.gid} (pid {pid}) {reason}"
-        for i in g.indices:
-            self._lost[i] = lost
-        failed = self._take_pending(g)
-        self._spawn(g, want_meta=False)
-        assert g.actor is not None
-        g.actor.ready.remote().future().add_done_callback(self._hop(self._on_ready, g, g.gen))
-        # an env being replaced is fresh in the new actor: its held work goes there
-        for i in g.indices:
-            entry = self._replacing.pop(i, None)
-            if entry is None:
-                continue
-            if entry[1] is not None:
-                entry[1].cancel()
-            self._lost[i] = None
-            held = self._held.pop(i, None)
-            if held is not None:
-                self._send(i, *held)
-        for i in failed:
-            err = WorkerCrashedError(f"env {i}: its {lost}", env_index=i)
-            self._deliver(i, Failure(err, ""))
-
-    def _take_pending(self, g: _Group) -> list[int]:
-        """Forget the operations of ``g``'s envs in flight or still to send; their envs."""
-        g.outbox = []
-        pending = self._pending
-        failed = [i for i in g.indices if pending[i] is not None]
-        for i in failed:
-            pending[i] = None
-        return failed
-
-    def _break(self, g: _Group, reason: str) -> None:
-        """``g``'s actor died and is not restarted: its envs' work fails from now on."""
-        g.state = "broken"
-        err = WorkerCrashedError(
-            f"Ray actor {g.gid} (envs {g.indices}) {reason} and was not restarted"
-        )
-        g.failure = Failure(err, "")
-        with contextlib.suppress(ValueError):
-            self._handles.remove(g.actor)
-        failed = set(self._take_pending(g))
-        for i in g.indices:
-            if i in failed or i in self._held:
-                self._held.pop(i, None)
-                self._deliver(i, g.failure)
-            entry = self._replacing.pop(i, None)
-            if entry is not None and entry[1] is not None:
-                entry[1].cancel()
 
     # ------------------------------------------------------------------ attributes
     def getattr_sync(self, env_index: int, name: str) -> Any:
@@ -583,13 +418,3 @@ class RayBackend(Backend):
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
         loop.call_soon_threadsafe(fn, *args)
-
-
-def _ignore(ref: Any) -> None:
-    """Fetch a fire-and-forget call's outcome, so Ray does not report it as unhandled."""
-    ref.future().add_done_callback(concurrent.futures.Future.exception)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
