@@ -13,6 +13,10 @@ runs them in 2 worker processes. Workloads:
   re-sent as soon as it returns): env-steps/s against the ideal ``n_envs / E[latency]``.
 - Startup: pool construction to the first reset (the cluster's own start apart).
 
+Within a workload the backends are interleaved: both pools are open at once and take their
+timed rollouts (or streaming turns) one after the other, in turn, so that the load of a
+shared machine weighs on both alike. The Gymnasium peer runs first, in its own process.
+
 Run: ``python benchmarks/bench_ray.py [--quick]`` (needs ``pip install 'aenv[ray]'``).
 """
 
@@ -39,8 +43,8 @@ OVERHEAD = {"n_envs": 8, "steps": 300, "repeats": 3}
 OVERHEAD_QUICK = {"n_envs": 8, "steps": 40, "repeats": 1}
 CPU = {"n_envs": 8, "steps": 300, "repeats": 3}
 CPU_QUICK = {"n_envs": 8, "steps": 40, "repeats": 1}
-LATENCY = {"n_envs": 64, "median": 0.01, "sigma": 1.0, "duration": 5.0}
-LATENCY_QUICK = {**LATENCY, "duration": 1.0}
+LATENCY = {"n_envs": 64, "median": 0.01, "sigma": 1.0, "duration": 6.0, "rounds": 3}
+LATENCY_QUICK = {**LATENCY, "duration": 1.0, "rounds": 1}
 
 
 def _cartpole() -> Any:
@@ -60,39 +64,75 @@ def _pool(fns: Any, backend: str) -> Any:
     return AsyncEnvPool(fns, backend=backend, backend_options=options)
 
 
-async def _rollout_rate(fns: Any, backend: str, p: dict[str, Any]) -> dict[str, float]:
-    """Env-steps/s of the best of ``repeats`` rollouts (after a warm-up), and the startup."""
-    n, steps = len(fns), int(p["steps"])
-    t0 = time.perf_counter()
-    pool = _pool(fns, backend)
-    try:
-        await pool.reset()
-        startup = time.perf_counter() - t0
-        await pool.rollout(max(steps // 4, 2), break_when_any_done=False)  # warm-up
-        best = float("inf")
-        for _ in range(int(p["repeats"])):
-            t = time.perf_counter()
-            await pool.rollout(steps, break_when_any_done=False)
-            best = min(best, time.perf_counter() - t)
-    finally:
-        await pool.aclose()
-    return {"startup_s": startup, "env_steps_per_s": n * steps / best}
-
-
-async def _streamed_rate(backend: str, p: dict[str, Any]) -> dict[str, float]:
-    from aenv.testing import LatencyEnv
-
-    n = int(p["n_envs"])
-    fns = [partial(LatencyEnv, median=p["median"], sigma=p["sigma"], seed=i) for i in range(n)]
+async def _open(fns: Any, backend: str) -> tuple[Any, Any, float]:
+    """A pool of ``fns`` on ``backend``, its first reset, and the seconds to get there."""
     t0 = time.perf_counter()
     pool = _pool(fns, backend)
     try:
         td = await pool.reset()
-        startup = time.perf_counter() - t0
-        res = await stream_steps(pool, td, float(p["duration"]))
-    finally:
+    except BaseException:
         await pool.aclose()
-    return {"startup_s": startup, "env_steps_per_s": res["steps"] / res["elapsed_s"]}
+        raise
+    return pool, td, time.perf_counter() - t0
+
+
+async def _rollout_rates(
+    fns: Any, backends: tuple[str, ...], p: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Per backend: env-steps/s of the best of ``repeats`` rollouts, the backends'
+    rollouts interleaved (one each in turn, every pool open), and the startup."""
+    n, steps = len(fns), int(p["steps"])
+    pools: dict[str, Any] = {}
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for backend in backends:
+            pools[backend], _, startup = await _open(fns, backend)
+            out[backend] = {"startup_s": startup, "best_s": float("inf")}
+            await pools[backend].rollout(max(steps // 4, 2), break_when_any_done=False)  # warm-up
+        for _ in range(int(p["repeats"])):
+            for backend, pool in pools.items():
+                t = time.perf_counter()
+                await pool.rollout(steps, break_when_any_done=False)
+                out[backend]["best_s"] = min(out[backend]["best_s"], time.perf_counter() - t)
+    finally:
+        for pool in pools.values():
+            await pool.aclose()
+    for res in out.values():
+        res["env_steps_per_s"] = n * steps / res.pop("best_s")
+    return out
+
+
+async def _streamed_rates(
+    backends: tuple[str, ...], p: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Per backend: env-steps/s of the streaming loop over ``rounds`` turns of
+    ``duration / rounds`` seconds, the backends' turns interleaved, and the startup."""
+    from aenv.testing import LatencyEnv
+
+    n = int(p["n_envs"])
+    fns = [partial(LatencyEnv, median=p["median"], sigma=p["sigma"], seed=i) for i in range(n)]
+    rounds = int(p["rounds"])
+    pools: dict[str, Any] = {}
+    tds: dict[str, Any] = {}
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for backend in backends:
+            pools[backend], tds[backend], startup = await _open(fns, backend)
+            out[backend] = {"startup_s": startup, "steps": 0.0, "elapsed_s": 0.0}
+        for _ in range(rounds):
+            for backend, pool in pools.items():
+                res = await stream_steps(pool, tds[backend], float(p["duration"]) / rounds)
+                out[backend]["steps"] += res["steps"]
+                out[backend]["elapsed_s"] += res["elapsed_s"]
+                for i in range(n):  # the steps still in flight are given up
+                    pool.cancel(i)
+                tds[backend] = await pool.reset()
+    finally:
+        for pool in pools.values():
+            await pool.aclose()
+    for res in out.values():
+        res["env_steps_per_s"] = res.pop("steps") / res.pop("elapsed_s")
+    return out
 
 
 def _gym_peer(p: dict[str, Any]) -> dict[str, Any] | None:
@@ -132,8 +172,12 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         zero = [partial(LatencyEnv, latency=0.0) for _ in range(int(overhead["n_envs"]))]
         carts = [_cartpole] * int(cpu["n_envs"])
         ideal = ideal_throughput(int(lat["n_envs"]), float(lat["median"]), float(lat["sigma"]))
-        for backend in ("process", "ray"):
-            res = runner.run(_rollout_rate, zero, backend, overhead)
+        backends = ("process", "ray")
+        zero_res = runner.run(_rollout_rates, zero, backends, overhead)
+        cart_res = runner.run(_rollout_rates, carts, backends, cpu)
+        lat_res = runner.run(_streamed_rates, backends, lat)
+        for backend in backends:
+            res = zero_res[backend]
             rows.append(
                 {
                     "workload": f"{overhead['n_envs']} zero-cost envs, rollout",
@@ -143,17 +187,20 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "startup to first reset s": res["startup_s"],
                 }
             )
-            res = runner.run(_rollout_rate, carts, backend, cpu)
+        for backend in backends:
+            res = cart_res[backend]
             rows.append(
                 {
                     "workload": f"{cpu['n_envs']} CartPole-v1, rollout",
                     "backend": backend,
                     "env-steps/s": res["env_steps_per_s"],
                     "us per env-step": 1e6 / res["env_steps_per_s"],
+                    "x process": res["env_steps_per_s"] / cart_res["process"]["env_steps_per_s"],
                     "startup to first reset s": res["startup_s"],
                 }
             )
-            res = runner.run(_streamed_rate, backend, lat)
+        for backend in backends:
+            res = lat_res[backend]
             rows.append(
                 {
                     "workload": f"{lat['n_envs']} latency envs (median 10 ms), streamed",
@@ -171,6 +218,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "backend": f"Gymnasium AsyncVectorEnv ({cpu['n_envs']} processes)",
                     "env-steps/s": rate,
                     "us per env-step": 1e6 / rate,
+                    "x process": rate / cart_res["process"]["env_steps_per_s"],
                     "startup to first reset s": gym.get("async_startup_s"),
                 }
             )

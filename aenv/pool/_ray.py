@@ -3,13 +3,16 @@
 Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its envs from
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
-Every operation is one actor call; its ``ObjectRef`` completes a future whose callback hands
-the outcome to the pool's loop (``call_soon_threadsafe``), so results stream in as each env
-finishes and nothing polls. Inputs and results travel through Ray's serialisation (large
-tensors through its shared-memory object store).
+The operations submitted in one turn of the pool's loop go to each actor as one call
+(``exchange``), which answers with the results finished by then, at least one: a whole-batch
+step of sync envs costs one call per actor, and envs that take their time come back in later
+answers, as they finish (an empty ``exchange`` is held open on an actor with results to
+come and no call in flight). Each answer's ``ObjectRef`` completes a future whose callback
+hands the outcomes to the pool's loop (``call_soon_threadsafe``): nothing polls. Tensors
+travel as numpy arrays, big ones out of band (through Ray's shared-memory object store).
 
 Faults. Every actor has a call held open for its life (``watch``): when the actor's
-process dies, that call and every operation pending on the actor fail at once, the pending
+process dies, that call and the ``exchange`` calls in flight fail at once, the pending
 operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is started with
 fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
 was lost, as the process backend's envs of a dead worker are). A replaced env (step
@@ -24,7 +27,6 @@ Ray reports them dead; see :mod:`aenv.pool._ray_cluster` for the cluster itself.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -38,8 +40,9 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
-from aenv.pool._ray_actor import STALE, EnvActor, pack, unpack
+from aenv.pool._ray_actor import EnvActor, Item, pack, unpack
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
+from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
 
 __all__ = ["RayBackend"]
 
@@ -51,25 +54,7 @@ _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 DEFAULT_NUM_CPUS = 0.25
 
 
-class _Group:
-    """The envs of one actor, and the actor now hosting them."""
-
-    __slots__ = ("actor", "blob", "failure", "gen", "gid", "indices", "pid", "state", "watch")
-
-    def __init__(self, gid: int, indices: list[int], blob: bytes) -> None:
-        self.gid = gid
-        self.indices = indices
-        self.blob = blob
-        self.actor: Any = None
-        self.gen = 0
-        self.pid: int | None = None
-        # "starting" (not yet answered), "ready", "broken" (dead, not restarted), "closed"
-        self.state = "starting"
-        self.failure: Failure | None = None
-        self.watch: concurrent.futures.Future[Any] | None = None
-
-
-class RayBackend(Backend):
+class RayBackend(RayFaults, Backend):
     """Runs sub-envs in Ray actors (see the module docstring).
 
     Options (``backend_options=`` of the pool):
@@ -150,6 +135,7 @@ class RayBackend(Backend):
         self._seq = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._flushing = False
         self._connected = False
         self._actor_cls: Any = None
         self._sys_path: list[str] = []
@@ -221,6 +207,7 @@ class RayBackend(Backend):
     def _spawn(self, g: _Group, *, want_meta: bool) -> None:
         g.gen += 1
         g.state, g.pid = "starting", None
+        g.calls, g.quiet = 0, False
         g.actor = self._actor_cls.options(**self.actor_options).remote(
             g.blob, g.indices, self._sys_path, want_meta
         )
@@ -281,28 +268,83 @@ class RayBackend(Backend):
         g = self._group_of[i]
         seq = next(self._seq)
         self._pending[i] = seq
-        future = g.actor.run.remote(i, seq, op, pack(payload)).future()
-        future.add_done_callback(self._hop(self._on_result, i, seq, g.gen))
+        g.outbox.append((i, seq, op, pack(payload)))
+        if not self._flushing:
+            self._flushing = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
 
-    def _on_result(self, i: int, seq: int, gen: int, future: Any) -> None:
-        if self._pending[i] != seq:
-            return  # given up
-        self._pending[i] = None
-        ray = self._ray
-        try:
-            outcome = unpack(future.result())
-        except ray.exceptions.RayActorError as exc:
-            g = self._group_of[i]
-            reason = self._kill_reasons.get((g.gid, gen))
-            self._actor_died(g, gen, exc)
-            msg = f"env {i}: its Ray actor {g.gid} died" + (f": it {reason}" if reason else "")
-            err = WorkerCrashedError(f"{msg} ({_first_line(exc)})", env_index=i)
-            outcome = Failure(err, "")
-        except Exception as exc:  # Ray could not run the call (e.g. an unpicklable input)
-            outcome = Failure(exc, str(exc))
-        if type(outcome) is str and outcome == STALE:  # (never for the current operation)
+    def _flush(self) -> None:
+        """Send each actor the operations submitted to it in this loop turn, in one
+        ``exchange`` call; hold an empty one open on an actor with results to come and no
+        call in flight (see :mod:`aenv.pool._ray_actor`)."""
+        self._flushing = False
+        if self._closing:
             return
-        self._deliver(i, outcome)
+        for g in self._groups:
+            if g.outbox:
+                items, g.outbox = g.outbox, []
+                try:
+                    self._exchange(g, items)
+                except Exception:  # Ray could not take an input (not serialisable)
+                    for item in items:  # one at a time: only that env's operation fails
+                        self._exchange_one(g, item)
+            elif not g.calls and not g.quiet and g.state in ("starting", "ready"):
+                pending = self._pending
+                if any(pending[i] is not None for i in g.indices):
+                    self._exchange(g, [])
+
+    def _exchange(self, g: _Group, items: list[Item]) -> None:
+        ref = g.actor.exchange.remote(items)
+        g.calls += 1
+        g.quiet = False
+        ref.future().add_done_callback(self._hop(self._on_exchange, g, g.gen, items))
+
+    def _exchange_one(self, g: _Group, item: Item) -> None:
+        try:
+            self._exchange(g, [item])
+        except Exception as exc:
+            i, seq = item[0], item[1]
+            if self._pending[i] == seq:
+                self._pending[i] = None
+                self._deliver(i, Failure(exc))
+
+    def _on_exchange(self, g: _Group, gen: int, items: list[Item], future: Any) -> None:
+        if g.gen != gen:
+            return  # an earlier actor's call: its operations were failed when it went
+        g.calls -= 1
+        try:
+            answer = future.result()
+        except self._ray.exceptions.RayActorError as exc:
+            self._actor_died(g, gen, exc)
+            return
+        except Exception as exc:  # Ray could not run the call (e.g. an input's unpickling)
+            for i, seq, *_ in items:
+                if self._pending[i] == seq:
+                    self._pending[i] = None
+                    self._deliver(i, Failure(exc, str(exc)))
+            answer = []
+        if not answer and not items:
+            g.quiet = True
+        pending = self._pending
+        for i, seq, packed in answer:
+            if pending[i] != seq:
+                continue  # given up
+            pending[i] = None
+            if type(packed) is str:  # (STALE: never for the current operation)
+                outcome = Failure(RuntimeError(f"env {i}: the Ray actor dropped op {seq}"))
+            else:
+                try:
+                    outcome = unpack(packed)
+                except Exception as exc:
+                    outcome = Failure(exc)
+            self._deliver(i, outcome)
+        if not self._flushing and not self._closing:
+            # after the receivers woken by these results ran: their next submissions, or
+            # else an empty call to hold open for the results still to come
+            self._flushing = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
 
     def cancel(self, env_index: int) -> bool:
         seq = self._pending[env_index]
@@ -311,126 +353,13 @@ class RayBackend(Backend):
             return True
         self._pending[env_index] = None
         g = self._group_of[env_index]
+        for pos, item in enumerate(g.outbox):
+            if item[0] == env_index:  # not sent yet: it never will be
+                del g.outbox[pos]
+                return True
         if g.failure is None and g.state != "closed":
             _ignore(g.actor.cancel.remote(env_index, seq))
         return True
-
-    def replace(self, env_index: int) -> None:
-        loop = self._bind()
-        self._pending[env_index] = None
-        self._held.pop(env_index, None)
-        if self._lost[env_index] is not None:
-            self._lost[env_index] = None  # fresh since its actor was restarted
-            return
-        g = self._group_of[env_index]
-        if g.failure is not None or g.state == "closed" or env_index in self._replacing:
-            return
-        seq = next(self._seq)
-        future = g.actor.replace.remote(env_index, seq).future()
-        timer = None
-        if g.state == "ready":  # (a starting actor answers once started: timed from then)
-            timer = loop.call_later(self.replace_timeout, self._unresponsive, g, g.gen, env_index)
-        self._replacing[env_index] = (seq, timer)
-        future.add_done_callback(self._hop(self._on_replaced, env_index, seq, g.gen))
-
-    def _on_replaced(self, i: int, seq: int, gen: int, future: Any) -> None:
-        entry = self._replacing.get(i)
-        if entry is None or entry[0] != seq:
-            return
-        exc = future.exception()
-        if isinstance(exc, self._ray.exceptions.RayActorError):
-            self._actor_died(self._group_of[i], gen, exc)  # (a new actor takes env i's work)
-            return
-        del self._replacing[i]
-        if entry[1] is not None:
-            entry[1].cancel()
-        held = self._held.pop(i, None)
-        if held is not None:
-            self._send(i, *held)
-
-    def _unresponsive(self, g: _Group, gen: int, i: int) -> None:
-        if g.gen != gen or i not in self._replacing or self._closing:
-            return
-        reason = (
-            f"was killed after env {i} was given up and the actor did not answer within "
-            f"{self.replace_timeout} s"
-        )
-        self._kill_reasons[(g.gid, gen)] = reason
-        self._restart(g, reason)
-
-    # ------------------------------------------------------------------ faults
-    def _on_watch(self, g: _Group, gen: int, future: Any) -> None:
-        exc = future.exception()
-        if exc is not None:
-            self._actor_died(g, gen, exc)
-
-    def _on_ready(self, g: _Group, gen: int, future: Any) -> None:
-        if g.gen != gen or g.state != "starting":
-            return
-        try:
-            g.pid = future.result()[0]
-        except Exception as exc:
-            self._actor_died(g, gen, exc)
-            return
-        g.state = "ready"
-        loop = self._loop
-        assert loop is not None
-        for i in g.indices:
-            entry = self._replacing.get(i)
-            if entry is not None and entry[1] is None:
-                timer = loop.call_later(self.replace_timeout, self._unresponsive, g, gen, i)
-                self._replacing[i] = (entry[0], timer)
-
-    def _actor_died(self, g: _Group, gen: int, exc: BaseException) -> None:
-        if g.gen != gen or self._closing or g.state in ("broken", "closed"):
-            return
-        reason = self._kill_reasons.get((g.gid, gen)) or f"died ({_first_line(exc)})"
-        if g.state == "starting" or not self.restart_actors:
-            self._break(g, reason)
-            return
-        self._restart(g, reason)
-
-    def _restart(self, g: _Group, reason: str) -> None:
-        """Kill ``g``'s actor (if still alive) and start a new one with fresh envs."""
-        old = g.actor
-        with contextlib.suppress(ValueError):
-            self._handles.remove(old)
-        kill_actors(self._ray, [old])
-        lost = f"Ray actor {g.gid} (pid {g.pid}) {reason}"
-        for i in g.indices:
-            self._lost[i] = lost
-        self._spawn(g, want_meta=False)
-        assert g.actor is not None
-        g.actor.ready.remote().future().add_done_callback(self._hop(self._on_ready, g, g.gen))
-        # an env being replaced is fresh in the new actor: its held work goes there
-        for i in g.indices:
-            entry = self._replacing.pop(i, None)
-            if entry is None:
-                continue
-            if entry[1] is not None:
-                entry[1].cancel()
-            self._lost[i] = None
-            held = self._held.pop(i, None)
-            if held is not None:
-                self._send(i, *held)
-
-    def _break(self, g: _Group, reason: str) -> None:
-        """``g``'s actor died and is not restarted: its envs' work fails from now on."""
-        g.state = "broken"
-        err = WorkerCrashedError(
-            f"Ray actor {g.gid} (envs {g.indices}) {reason} and was not restarted"
-        )
-        g.failure = Failure(err, "")
-        with contextlib.suppress(ValueError):
-            self._handles.remove(g.actor)
-        for i in g.indices:
-            if self._pending[i] is not None or i in self._held:
-                self._pending[i] = None
-                self._held.pop(i, None)
-                self._deliver(i, g.failure)
-            entry = self._replacing.pop(i, None)
-            if entry is not None and entry[1] is not None:
-                entry[1].cancel()
 
     # ------------------------------------------------------------------ attributes
     def getattr_sync(self, env_index: int, name: str) -> Any:
@@ -489,13 +418,3 @@ class RayBackend(Backend):
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
         loop.call_soon_threadsafe(fn, *args)
-
-
-def _ignore(ref: Any) -> None:
-    """Fetch a fire-and-forget call's outcome, so Ray does not report it as unhandled."""
-    ref.future().add_done_callback(concurrent.futures.Future.exception)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,6 +8,14 @@ event loop, so one actor steps all its envs at once. Each operation is
 non-blocking env's step inline, an async env's awaited, a ``blocking`` env's in a worker
 thread (as :class:`~aenv.EnvBase` arranges).
 
+One call carries many operations: :meth:`EnvActor.exchange` starts the operations the
+driver submitted in one loop turn (for any of the actor's envs) and answers with every
+result finished by then, waiting for the first one if none is: the operations that run
+inline (a sync env's step) come back in the call that brought them, and an env that takes
+its time comes back in a later call (the next submission, or an empty ``exchange`` the
+driver holds open while it waits). So a whole-batch step costs one call per actor, and
+streamed envs come back as they finish, several per answer when they finish together.
+
 Operations carry a sequence number per env. The driver gives an operation up (a cancel, a
 step timeout, a replace) by telling the actor; an operation that arrives after a newer one
 was seen for its env, or after it was given up, is stale and not run. An exception in an
@@ -25,6 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -34,11 +43,25 @@ from aenv.pool._backend import Failure
 from aenv.pool._coroutine import _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 
-__all__ = ["STALE", "EnvActor", "pack", "unpack"]
+__all__ = ["STALE", "EnvActor", "Item", "pack", "unpack"]
 
-#: What :meth:`EnvActor.run` returns for an operation it did not run (given up, or older
-#: than one already seen for its env); the driver has forgotten such operations.
+#: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
+#: older than one already seen for its env); the driver has forgotten such operations.
 STALE = "aenv-ray-stale-op"
+
+#: Arrays of at least this many bytes travel beside the pickled message, as numpy arrays
+#: Ray serialises out of band (through its shared-memory object store when the message is
+#: large): no copy into the pickle, none out of it.
+BIG_BYTES = 64 * 1024
+
+#: How long the operations of an ``exchange`` after one that raised wait before they run:
+#: the call's answer leaves the actor's loop first (Ray hands it on from the loop's next
+#: turns), so an env that blocks the loop after the failure does not hold the failure back.
+DEFER_S = 0.001
+
+#: One operation as :meth:`EnvActor.exchange` takes it: env index, sequence number, op,
+#: packed payload.
+Item = tuple[int, int, str, Any]
 
 
 class _PackedTD:
@@ -59,59 +82,86 @@ class _PackedTD:
         self.batch_size, self.device, self.entries = state
 
 
+class _Big(int):
+    """Stands in a packed TensorDict for the array at this position of the message's list
+    of big arrays."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Big, (int(self),)
+
+
 class _Unpackable(Exception):
     """A value the codec cannot turn into plain data (it then crosses pickled as it is)."""
 
 
-def _encode(obj: Any) -> Any:
+def _encode(obj: Any, big: list[np.ndarray]) -> Any:
     if type(obj) is TensorDict:
         if obj.device is not None and obj.device.type != "cpu":
             raise _Unpackable
         entries: dict[str, Any] = {}
         for key, value in obj._tensordict.items():
             if type(value) is TensorDict:
-                entries[key] = _encode(value)
+                entries[key] = _encode(value, big)
             elif isinstance(value, torch.Tensor) and value.device.type == "cpu":
                 if value.requires_grad or value.dtype == torch.bfloat16:
                     raise _Unpackable
-                entries[key] = value.numpy()
+                array = value.numpy()
+                if array.nbytes >= BIG_BYTES:
+                    entries[key] = _Big(len(big))
+                    big.append(array)
+                else:
+                    entries[key] = array
             else:
                 raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
         device = None if obj.device is None else str(obj.device)
         return _PackedTD(tuple(obj.batch_size), device, entries)
     if type(obj) is tuple:
-        return tuple(_encode(item) for item in obj)
+        return tuple(_encode(item, big) for item in obj)
     return obj
 
 
-def _decode(obj: Any) -> Any:
+def _tensor(value: Any, big: list[np.ndarray]) -> torch.Tensor:
+    if type(value) is _Big:
+        array = big[value]
+        # an array Ray read from its object store is a read-only view of shared memory
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+    return torch.from_numpy(value)
+
+
+def _decode(obj: Any, big: list[np.ndarray]) -> Any:
     if type(obj) is _PackedTD:
         source = {
-            key: _decode(value) if type(value) is _PackedTD else torch.from_numpy(value)
+            key: _decode(value, big) if type(value) is _PackedTD else _tensor(value, big)
             for key, value in obj.entries.items()
         }
-        return TensorDict(source, batch_size=obj.batch_size, device=obj.device)
+        # the entries are fresh tensors (and packed TensorDicts of the same batch size):
+        # nothing for the checking constructor to check
+        device = None if obj.device is None else torch.device(obj.device)
+        return TensorDict._new_unsafe(source, obj.batch_size, device, nested=False)  # type: ignore[arg-type]
     if type(obj) is tuple:
-        return tuple(_decode(item) for item in obj)
+        return tuple(_decode(item, big) for item in obj)
     return obj
 
 
-def pack(obj: Any) -> tuple[str, Any]:
+def pack(obj: Any) -> tuple[Any, ...]:
     """An operation's payload or result, ready for Ray: TensorDicts of CPU tensors (also
-    inside tuples) as pickled numpy arrays (``"p"``, bytes), anything else as it is
-    (``"o"``: Ray pickles it, with cloudpickle where it must)."""
+    inside tuples) as pickled numpy arrays (``("p", bytes, big arrays)``, the big arrays
+    apart, see :data:`BIG_BYTES`), anything else as it is (``("o", obj)``: Ray pickles it,
+    with cloudpickle where it must)."""
+    big: list[np.ndarray] = []
     try:
-        return "p", pickle.dumps(_encode(obj), protocol=5)
+        return "p", pickle.dumps(_encode(obj, big), protocol=5), big
     except Exception:  # (_Unpackable, or something plain pickle cannot take)
         return "o", obj
 
 
-def unpack(packed: tuple[str, Any]) -> Any:
+def unpack(packed: tuple[Any, ...]) -> Any:
     """The object :func:`pack` packed."""
-    kind, data = packed
-    if kind == "p":
-        return _decode(pickle.loads(data))
-    return data
+    if packed[0] == "p":
+        return _decode(pickle.loads(packed[1]), packed[2])
+    return packed[1]
 
 
 def portable(exc: BaseException) -> Failure:
@@ -150,6 +200,10 @@ class EnvActor:
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.latest: dict[int, int] = {}
         self.closers: set[asyncio.Task[Any]] = set()
+        # results not yet answered, the operations still running, the calls waiting
+        self.finished: list[tuple[int, int, Any]] = []
+        self.running: set[asyncio.Task[Any]] = set()
+        self.wakers: list[asyncio.Future[None]] = []
         try:
             fns: list[Callable[[], EnvBase]] = cloudpickle.loads(blob)
         except Exception as exc:
@@ -175,35 +229,91 @@ class EnvActor:
         once (the call fails), even while none of its envs works."""
         await asyncio.Event().wait()
 
-    async def run(self, i: int, seq: int, op: str, packed: tuple[str, Any]) -> tuple[str, Any]:
-        """Operation ``op`` number ``seq`` on env ``i`` (its payload :func:`pack`-ed): its
-        result, or a Failure, packed."""
-        return pack(await self._run(i, seq, op, unpack(packed)))
+    async def exchange(self, items: list[Item]) -> list[tuple[int, int, Any]]:
+        """Start the operations ``items``; answer every result finished and not yet
+        answered, as ``(env index, sequence number, packed result or Failure)``, once there
+        is at least one. A call that could only wait for results another waiting call will
+        take (no more operations running than calls waiting) answers at once, empty.
 
-    async def _run(self, i: int, seq: int, op: str, payload: Any) -> Any:
+        Once an operation run inline has raised, the call's later operations run just
+        after it answered (as tasks, see :data:`DEFER_S`): the failure reaches the pool
+        at once, whatever an env after it in the call does (a sync env blocking the
+        actor's loop held back its mates' failure, which the pool acts on)."""
+        inline = True
+        for i, seq, op, packed in items:
+            if self._start(i, seq, op, packed, inline):
+                inline = False
+        while not self.finished and len(self.wakers) < len(self.running):
+            waker = asyncio.get_running_loop().create_future()
+            self.wakers.append(waker)
+            try:
+                await waker
+            finally:
+                with contextlib.suppress(ValueError):
+                    self.wakers.remove(waker)
+        answer, self.finished = self.finished, []
+        return answer
+
+    def _wake(self) -> None:
+        wakers, self.wakers = self.wakers, []
+        for waker in wakers:
+            if not waker.done():
+                waker.set_result(None)
+
+    def _start(self, i: int, seq: int, op: str, packed: Any, inline: bool) -> bool:
+        """Start one operation (run it, where it runs inline and ``inline`` allows);
+        True when it ran inline and raised."""
         if seq < self.latest.get(i, 0):
-            return STALE
+            self.finished.append((i, seq, STALE))
+            return False
         self.latest[i] = seq
         self._stop(i)
         failure = self.broken.get(i)
         if failure is not None:
-            return failure
+            self.finished.append((i, seq, pack(failure)))
+            return False
         env = self.envs[i]
-        if runs_inline(env, op, payload):
-            try:
-                return execute_inline(env, op, payload)
-            except Exception as exc:
-                return portable(exc)
-        task = asyncio.current_task()
-        assert task is not None
-        self.tasks[i] = task
         try:
-            return await execute(env, op, payload)
+            payload = unpack(packed)
         except Exception as exc:
-            return portable(exc)
+            self.finished.append((i, seq, pack(portable(exc))))
+            return False
+        defer = False
+        if runs_inline(env, op, payload):
+            if inline:
+                try:
+                    result = execute_inline(env, op, payload)
+                except Exception as exc:
+                    self.finished.append((i, seq, pack(portable(exc))))
+                    return True
+                self.finished.append((i, seq, pack(result)))
+                return False
+            defer = True
+        coro = self._run(i, seq, env, op, payload, defer)
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks[i] = task
+        self.running.add(task)
+        task.add_done_callback(self._done)
+        return False
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.running.discard(task)
+        self._wake()  # a result, or one operation fewer that a waiting call may wait for
+
+    async def _run(
+        self, i: int, seq: int, env: EnvBase, op: str, payload: Any, defer: bool
+    ) -> None:
+        if defer:
+            await asyncio.sleep(DEFER_S)
+        try:
+            result = await execute(env, op, payload)
+        except Exception as exc:
+            result = portable(exc)
         finally:
-            if self.tasks.get(i) is task:
+            if self.tasks.get(i) is asyncio.current_task():
                 del self.tasks[i]
+        if seq >= self.latest.get(i, 0):  # (not given up meanwhile)
+            self.finished.append((i, seq, pack(result)))
 
     async def attr(self, i: int, name: str) -> Any:
         """Attribute ``name`` of env ``i`` (or a Failure), whatever work it has in flight."""

@@ -253,3 +253,43 @@ def test_cluster_started_or_attached_and_left_as_found(ray, tmp_path):
     assert lines.count("CONNECTED AFTER CLOSE False") == 2
     # the session's cluster, which the first pool attached to, is still up
     assert ray.cluster_resources().get("CPU") == 2
+
+
+def count_exchanges(pool: AsyncEnvPool) -> list[tuple[int, int]]:
+    """Record each ``exchange`` call the pool's Ray backend makes: (actor, operations)."""
+    backend = pool._backend
+    calls: list[tuple[int, int]] = []
+    exchange = backend._exchange
+
+    def counting(g, items):
+        calls.append((g.gid, len(items)))
+        return exchange(g, items)
+
+    backend._exchange = counting
+    return calls
+
+
+async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
+    """A whole-batch step of sync envs is one ``exchange`` call per actor; observations of
+    hundreds of KiB travel out of band (Ray's object store) and arrive whole and writable."""
+    pool = ray_pool([partial(CountingEnv, max_steps=100)] * 4, backend_options={"num_actors": 2})
+    async with pool:
+        calls = count_exchanges(pool)
+        td = await pool.rollout(3, break_when_any_done=False)
+        # a reset, then 3 steps, of 4 sync envs on 2 actors: 2 calls each time, 2 envs each
+        assert sorted(calls) == [(0, 2)] * 4 + [(1, 2)] * 4
+        assert td["next", "observation"].squeeze(-1).tolist() == [[1, 2, 3]] * 4
+
+    dim = 100_000  # 400 KB of float32 per env: past what Ray sends inline
+    pool = ray_pool([partial(LatencyEnv, obs_dim=dim)] * 2, backend_options={"num_actors": 1})
+    async with pool:
+        td = await pool.rand_step(await pool.reset())
+        assert td["next", "observation"].shape == (2, dim)
+        assert bool((td["next", "observation"] == 1).all())
+        one = pool.step_mdp(td)[1].clone()
+        one["action"] = torch.zeros(1)
+        got = await pool.step_one(1, one)
+        obs = got["next", "observation"]
+        assert obs.shape == (dim,) and bool((obs == 2).all())
+        obs.add_(1)  # a private, writable copy (not a read-only view of shared memory)
+        assert bool((obs == 3).all())
