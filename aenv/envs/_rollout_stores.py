@@ -322,9 +322,9 @@ class _TimeRows:
             self.root_keys = frozenset((*carried, *actions))
             self.lean = [(key, specs[key].shape, specs[key].dtype) for key in actions]
             self.given: dict[str, list[torch.Tensor]] = {key: [] for key in actions}
-            self.views: dict[str, tuple[torch.Tensor, ...]] = {}
+            self.views: list[tuple[torch.Tensor, ...]] = []  # per row: its carried views
             self.view_start = self.view_end = 0
-            self.current: list[torch.Tensor] | None = None  # the views handed out last
+            self.current: tuple[torch.Tensor, ...] | None = None  # the views handed out last
 
     @staticmethod
     def make(
@@ -397,10 +397,10 @@ class _TimeRows:
                 raise _Fallback
             src = td._tensordict
             made = self.current
-            if made is not None and any(
-                src[key] is not view for key, view in zip(self.carried, made, strict=True)
-            ):
-                raise _Fallback
+            if made is not None:
+                for key, view in zip(self.carried, made, strict=True):
+                    if src[key] is not view:
+                        raise _Fallback
             for key, shape, dtype in self.lean:
                 value = src[key]
                 if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
@@ -435,15 +435,13 @@ class _TimeRows:
         """The next step's input: the shared row (a policy's: a TensorDict of its views)."""
         if self.draws is not None:
             return td
-        # a policy's next input: views of the shared row (made a block at a time)
+        # a policy's next input: views of the shared row (made a block of rows at a time)
         row = t + 1
         if row >= self.view_end:
             self.view_start, self.view_end = row, row + self.BLOCK
-            self.views = {
-                key: leaf[row : self.view_end].unbind(0) for key, leaf in self.shared.items()
-            }
-        i = row - self.view_start
-        views = self.current = [self.views[key][i] for key in self.carried]
+            columns = [self.shared[key][row : self.view_end].unbind(0) for key in self.carried]
+            self.views = list(zip(*columns, strict=True))
+        views = self.current = self.views[row - self.view_start]
         return TensorDict._new_unsafe(
             dict(zip(self.carried, views, strict=True)),
             td.batch_size,
