@@ -168,7 +168,8 @@ class GymLikeEnv(EnvBase):
     #: The methods a subclass (or an instance) customises a gym-like env with. A wrapper's
     #: plain path (``_plain_step``: the backend stepped and its outputs written without the
     #: readers) runs only while none of them is replaced below the class that defines it:
-    #: ``_plain_ok`` on the class, an instance assignment checked where the path is taken.
+    #: ``_plain_ok`` on the class; on the instance, ``_no_instance_extensions`` (kept until
+    #: one of them is assigned or deleted there).
     EXTENSION_POINTS: ClassVar[frozenset[str]] = frozenset(
         (
             "_step",
