@@ -168,7 +168,8 @@ class GymLikeEnv(EnvBase):
     #: The methods a subclass (or an instance) customises a gym-like env with. A wrapper's
     #: plain path (``_plain_step``: the backend stepped and its outputs written without the
     #: readers) runs only while none of them is replaced below the class that defines it:
-    #: ``_plain_ok`` on the class, an instance assignment checked where the path is taken.
+    #: ``_plain_ok`` on the class; on the instance, ``_no_instance_extensions`` (kept until
+    #: one of them is assigned or deleted there).
     EXTENSION_POINTS: ClassVar[frozenset[str]] = frozenset(
         (
             "_step",
@@ -182,6 +183,28 @@ class GymLikeEnv(EnvBase):
         )
     )
     _plain_ok: ClassVar[bool] = True
+    # whether no extension point is replaced on the instance, decided once and forgotten
+    # whenever one is assigned or deleted there (see __setattr__): None until decided
+    _plain_instance: bool | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in GymLikeEnv.EXTENSION_POINTS:
+            self.__dict__.pop("_plain_instance", None)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in GymLikeEnv.EXTENSION_POINTS:
+            self.__dict__.pop("_plain_instance", None)
+        super().__delattr__(name)
+
+    def _no_instance_extensions(self) -> bool:
+        """Whether no extension point is replaced on this instance (``env.read_obs = f``),
+        kept until one is assigned or deleted there."""
+        plain = self._plain_instance
+        if plain is None:
+            plain = self.__dict__.keys().isdisjoint(GymLikeEnv.EXTENSION_POINTS)
+            self.__dict__["_plain_instance"] = plain
+        return plain
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

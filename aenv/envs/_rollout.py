@@ -185,39 +185,40 @@ async def _loop(
 ) -> None:
     """The rollout's steps, kept by ``box[0]`` (a store).
 
-    Each step: the action (random: ``store.act``, or the policy's), the step
-    (``store.step``: True when it ended an episode somewhere), then, unless the rollout
-    ends there, the next step's input (``store.advance``: ``step_mdp`` of the step, or,
-    after an episode's end in a rollout that goes on, ``store.reset``: with what it ended
-    reset). (The last step of a
-    rollout resets nothing: the env stays where the step left it, as TorchRL's does.)
-    With ``rows``, the first step's input decides whether time rows keep the steps; rows
-    hand over to TensorDicts (:meth:`_TimeRows.fallback`) before a step they cannot hold.
+    Each step: the action (the policy's, or random ones: ``store.act`` draws those of
+    steps ``t`` to ``store.drawn``), the step (``store.step``: True when it ended an
+    episode somewhere), then, unless the rollout ends there, the next step's input
+    (``store.advance``: ``step_mdp`` of the step, or, after an episode's end in a rollout
+    that goes on, ``store.reset``: with what it ended reset). (The last step of a rollout
+    resets nothing: the env stays where the step left it, as TorchRL's does.) With
+    ``rows``, the first step's input decides whether time rows keep the steps; rows hand
+    over to TensorDicts (:meth:`_TimeRows.fallback`) before a step they cannot hold.
     """
     store = box[0]
     stop = break_when_any_done or break_when_all_done
     last = max_steps - 1
+    checkpoint = anyio.lowlevel.checkpoint
     for t in range(max_steps):
         if t % YIELD_EVERY == YIELD_EVERY - 1:
-            await anyio.lowlevel.checkpoint()
+            await checkpoint()
         if break_when_all_done and t:
             td.set("_step", ~_done_mask(env, td))
-        td = await call_policy(policy, td) if policy is not None else store.act(td, t)
+        if policy is not None:
+            td = await call_policy(policy, td)
+        elif t >= store.drawn:
+            td = store.act(td, t)
         if rows and not t:
             assert isinstance(store, _TensorDicts)
             made = _TimeRows.make(env, td, max_steps, store.draws, policy is not None)
             if made is not None:
                 store = box[0] = made
-        reset = not stop and t < last
         try:
-            td, done = await store.step(td, t, reset)
+            td, done = await store.step(td, t, not stop and t < last)
         except _Fallback:
             assert isinstance(store, _TimeRows)
             store = box[0] = store.fallback()
-            td, done = await store.step(td, t, reset)
-        if t == last:
-            break
-        if break_when_any_done and done:
+            td, done = await store.step(td, t, not stop and t < last)
+        if t == last or (done and break_when_any_done):
             break
         # (an episode end inside a rollout that goes on: the env resets what it ended)
         td = await store.reset(td, t) if done and not stop else store.advance(td, t)

@@ -128,6 +128,7 @@ class _TensorDicts:
         self.check = not random or type(env).rand_action is not Base.rand_action
         self.steps = _StepStore(contiguous)
         self.stash: TensorDictBase | None = None
+        self.drawn = 0  # (random actions are written into each step's input: see act)
 
     @property
     def count(self) -> int:
@@ -255,13 +256,16 @@ class _TimeRows:
     state kept at the root, no policy extras) and the actions. What ``step_mdp`` carries
     (observations, done flags) lives in one ``(T + 1,)`` buffer: row ``t`` is step ``t``'s
     input, row ``t + 1`` its ``"next"``, which is also step ``t + 1``'s input: carrying costs
-    nothing. Rewards get a ``(T,)`` buffer of their own; so do random actions (a policy's
-    inputs are TensorDicts of row views, kept as they come).
+    nothing. Rewards and actions get ``(T,)`` buffers of their own.
 
-    Step ``t`` runs ``env._step_into(inputs, out, t)``: the env reads row ``t`` of the inputs
-    (or the policy's TensorDict) and writes row ``t`` of ``out`` (an env handing a
-    TensorDict back has it copied in). After an episode's end, the ``"next"`` row is kept
-    aside and ``env._reset_into(buffer, out, t)`` writes the reset into the shared row.
+    Step ``t`` runs ``env._step_into(inputs, out, t)``: the env reads row ``t`` of the
+    inputs and writes row ``t`` of ``out`` (an env handing a TensorDict back has it copied
+    in). Random actions are drawn into the action rows a chunk at a time, so a random step
+    makes no TensorDict and no tensor. A policy gets each step's input as a TensorDict of
+    views of the shared row (made a block at a time) and the env reads the action it wrote
+    there; the actions are kept as the policy gave them (stacked at the end, so gradients
+    survive). After an episode's end, the ``"next"`` row is kept aside and
+    ``env._reset_into(buffer, out, t)`` writes the reset into the shared row.
     """
 
     BLOCK = 256  # a policy's inputs: row views made a block at a time
@@ -295,28 +299,32 @@ class _TimeRows:
         after = {key: shared[key][1:] for key in carried}
         self.out = td({**after, **rewards})  # a step's "next" rows
         self.reset_out = td(after)  # a reset's rows (row t: step t + 1's input)
-        self.root_keys = frozenset((*carried, *actions))
         self.order = list(first.keys())
+        specs = {key: spec for key, spec, _ in env._action_checks}
+        self.action_rows = {key: specs[key].zero((steps,)) for key in actions}
+        given = first._tensordict
+        for key in actions:
+            self.action_rows[key][0] = given[key]
+        before = {key: shared[key][:-1] for key in carried}
+        self.inputs = td({**before, **self.action_rows})
+        self.buffer = td({**before, **self.action_rows, "next": self.out})
+        # how far the action rows hold the actions: the random ones drawn so far; a
+        # policy's, none (they come in its TensorDicts)
+        self.drawn = 0
         if draws is not None:
-            self.action_rows = {
-                key: spec.zero((steps,))
-                for key, spec in draws.specs  # type: ignore[misc]
-            }
             for key in actions:
-                self.action_rows[key][0] = first.get(key)
                 rest = draws.current[key][1:]
                 self.action_rows[key][1 : 1 + rest.shape[0]] = rest
-            before = {key: shared[key][:-1] for key in carried}
-            self.inputs: TensorDictBase | None = td({**before, **self.action_rows})
-            self.buffer: TensorDictBase | None = td(
-                {**before, **self.action_rows, "next": self.out}
-            )
-            self.roots: _StepStore | None = None
+            self.drawn = draws.end
         else:
-            self.inputs = self.buffer = None
-            self.roots = _StepStore(True)
-            self.views: dict[str, tuple[torch.Tensor, ...]] = {}
+            # a policy's step: its input's keys, the views it must leave in place, the
+            # action checks that pass without a cast (anything else: env._check_actions)
+            self.root_keys = frozenset((*carried, *actions))
+            self.lean = [(key, specs[key].shape, specs[key].dtype) for key in actions]
+            self.given: dict[str, list[torch.Tensor]] = {key: [] for key in actions}
+            self.views: list[tuple[torch.Tensor, ...]] = []  # per row: its carried views
             self.view_start = self.view_end = 0
+            self.current: tuple[torch.Tensor, ...] | None = None  # the views handed out last
 
     @staticmethod
     def make(
@@ -347,6 +355,11 @@ class _TimeRows:
                 or first.device != dst.device
             ):
                 return None
+        for key in actions:
+            # (a policy's action of another dtype is cast, or refused, by the step's checks)
+            first = given[key]
+            if type(first) is not torch.Tensor or first.shape != env.full_action_spec[key].shape:
+                return None
         try:
             for leaf in entries.values():
                 leaf.numpy()  # (a dtype numpy lacks: no rows)
@@ -361,26 +374,43 @@ class _TimeRows:
         return _TimeRows(env, td, carried, actions, shared, rewards, draws)
 
     def act(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        """The random actions of steps ``t`` on, drawn into the action rows a chunk at a time."""
         draws = self.draws
         assert draws is not None
-        if t >= draws.end:
-            drawn = draws.chunk(t)
-            for key, leaf in self.action_rows.items():
-                leaf[t : draws.end] = drawn[key]
+        drawn = draws.chunk(t)
+        for key, leaf in self.action_rows.items():
+            leaf[t : draws.end] = drawn[key]
+        self.drawn = draws.end
         return td
 
     async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
         env = self.env
         if env._closed:
             env._check_open()
-        if self.inputs is not None:
+        if self.draws is not None:
             out = await env._step_into(self.inputs, self.out, t)
         else:
+            # a policy's step: rows only while its input holds the planned keys and the
+            # row views as they were made (a policy writing other keys, or replacing an
+            # observation, hands over to TensorDicts)
             if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
                 raise _Fallback
-            env._check_actions(td)
+            src = td._tensordict
+            made = self.current
+            if made is not None:
+                for key, view in zip(self.carried, made, strict=True):
+                    if src[key] is not view:
+                        raise _Fallback
+            for key, shape, dtype in self.lean:
+                value = src[key]
+                if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
+                    env._check_actions(td)  # (raises, or casts in place)
+                    break
+            if env.run_type_checks:
+                env._check_actions(td)
             out = await env._step_into(td, self.out, t)
-            self.roots.append(td)  # type: ignore[union-attr]
+            for key, values in self.given.items():
+                values.append(src[key])
         self.count = t + 1
         if type(out) is not bool:
             out = _fill(self.out, t, out, "step")  # type: ignore[arg-type]
@@ -390,8 +420,12 @@ class _TimeRows:
         """After step ``t`` ended an episode: the reset written into the shared row (the
         step's ``"next"`` row kept aside first), then the next input."""
         self.saved[t] = [(key, rows[t + 1, ...].copy()) for key, rows in self.shared_np]
-        stepped = self.buffer if self.buffer is not None else td.copy().set("next", self.out[t])
-        out = await self.env._reset_into(stepped, self.reset_out, t)
+        if self.draws is None:
+            # (the buffer's row t is the step: a policy's actions are not in it yet)
+            src = td._tensordict
+            for key, leaf in self.action_rows.items():
+                leaf[t] = src[key].detach()
+        out = await self.env._reset_into(self.buffer, self.reset_out, t)
         if out is not True:
             assert not isinstance(out, bool)
             _fill(self.reset_out, t, out, "reset")
@@ -399,18 +433,17 @@ class _TimeRows:
 
     def advance(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """The next step's input: the shared row (a policy's: a TensorDict of its views)."""
-        if self.buffer is not None:
+        if self.draws is not None:
             return td
-        # a policy's next input: views of the shared row (made a block at a time)
+        # a policy's next input: views of the shared row (made a block of rows at a time)
         row = t + 1
         if row >= self.view_end:
             self.view_start, self.view_end = row, row + self.BLOCK
-            self.views = {
-                key: leaf[row : self.view_end].unbind(0) for key, leaf in self.shared.items()
-            }
-        i = row - self.view_start
+            columns = [self.shared[key][row : self.view_end].unbind(0) for key in self.carried]
+            self.views = list(zip(*columns, strict=True))
+        views = self.current = self.views[row - self.view_start]
         return TensorDict._new_unsafe(
-            {key: self.views[key][i] for key in self.carried},
+            dict(zip(self.carried, views, strict=True)),
             td.batch_size,
             td.device,  # type: ignore[arg-type]
             nested=False,
@@ -441,12 +474,12 @@ class _TimeRows:
     def finish(self) -> TensorDictBase:
         nxt = self._next()
         n = self.count
-        if self.roots is not None:
-            root = self.roots.finish()
-            root.set("next", nxt)
-            return root
-        values = {**{k: v[:n] for k, v in self.shared.items()}, **self.action_rows}
-        entries = {key: values[key][:n] for key in self.order}
+        if self.draws is not None:
+            actions = {key: leaf[:n] for key, leaf in self.action_rows.items()}
+        else:
+            actions = {key: torch.stack(values[:n]) for key, values in self.given.items()}
+        values = {**{k: v[:n] for k, v in self.shared.items()}, **actions}
+        entries = {key: values[key] for key in self.order}
         entries["next"] = nxt
         return TensorDict._new_unsafe(entries, torch.Size((n,)), nxt.device, nested=False)  # type: ignore[arg-type]
 

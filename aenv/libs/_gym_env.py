@@ -168,8 +168,8 @@ class GymWrapper(GymLikeEnv):
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
         # a rollout's actions converted a block of rows at a time: (buffer, its version,
-        # first row, values)
-        self._row_actions: tuple[torch.Tensor, int, int, list[Any]] | None = None
+        # first row, end row, values)
+        self._row_actions: tuple[torch.Tensor, int, int, int, list[Any]] | None = None
         self._build_specs()
 
     # ------------------------------------------------------------------ specs
@@ -222,7 +222,8 @@ class GymWrapper(GymLikeEnv):
         # nothing extra (taken while no extension point is replaced: _plain_now)
         dev_ok = dev is None or dev.type == "cpu"
         self._fast = (
-            self._vector is None
+            self._plain_ok
+            and self._vector is None
             and self.frame_skip == 1
             and not self.from_pixels
             and not self.auto_reset
@@ -288,14 +289,19 @@ class GymWrapper(GymLikeEnv):
         return td
 
     def _plain_now(self) -> bool:
-        """Whether the plain path may run: the common case (``_fast``), no info reader, and
-        no extension point of a gym-like env replaced on this instance (a subclass replacing
-        one has ``_plain_ok`` False, see :class:`~aenv.envs.GymLikeEnv`)."""
+        """Whether the plain path may run: the common case (``_fast``: a subclass replacing
+        an extension point of a gym-like env has it False, see
+        :class:`~aenv.envs.GymLikeEnv`), no info reader, and no extension point replaced on
+        this instance."""
+        return self._fast and not self._info_readers and self._no_instance_extensions()
+
+    def _writes_rows_now(self) -> bool:
+        """Whether the row hooks may write rows inline now: the plain path, in this thread
+        (not ``blocking``), with no output checks (``run_type_checks`` checks a TensorDict)."""
         return (
             self._fast
-            and self._plain_ok
-            and not self._info_readers
-            and self.__dict__.keys().isdisjoint(GymLikeEnv.EXTENSION_POINTS)
+            and not (self._info_readers or self.blocking or self.run_type_checks)
+            and (self._plain_instance or self._no_instance_extensions())
         )
 
     def _plain_step(
@@ -305,41 +311,48 @@ class GymWrapper(GymLikeEnv):
         index: int = 0,
     ) -> bool | TensorDictBase:
         """The plain path's gymnasium step: into row ``index`` of ``views`` (numpy views of
-        rows of observations, rewards, terminated, truncated and done flags), returning the
-        done flag, or, without views or for an observation off its spec, as a TensorDict of
-        fresh tensors built with the specs' dtypes and shapes (assembled without validation).
-        ``tensordict`` is the input, or a buffer of inputs (a leading dim) whose row
-        ``index`` is."""
+        rows of observations, and one-element rewards, terminated, truncated and done flags
+        seen as 1-d), returning the done flag, or, without views or for an observation off
+        its spec, as a TensorDict of fresh tensors built with the specs' dtypes and shapes
+        (assembled without validation). ``tensordict`` is the input, or a buffer of inputs
+        (a leading dim) whose row ``index`` is."""
         if type(tensordict) is TensorDict:
             src, rows = tensordict._tensordict, bool(tensordict._batch_size)
         else:
             src, rows = tensordict, bool(tensordict.batch_size)
+        leaf = src["action"]
         if rows:
-            action = self._row_action(src["action"], index)
+            hit = self._row_actions
+            if (
+                hit is not None
+                and hit[0] is leaf
+                and hit[1] == leaf._version
+                and hit[2] <= index < hit[3]
+            ):
+                action = hit[4][index - hit[2]]  # (the common case of _row_action, inline)
+            else:
+                action = self._row_action(leaf, index)
         else:
-            action = self._action_writer(src["action"])
+            action = self._action_writer(leaf)
         obs, reward, terminated, truncated, _ = self._env.step(action)
         if views is None:
             return self._fast_outputs(self._fast_read_obs(obs), reward, terminated, truncated)
         obs_np, rew_np, term_np, trunc_np, done_np = views
         _, np_dt, shape = self._fast_obs
-        if (
-            np_dt is not None
-            and type(obs) is np.ndarray
-            and obs.dtype == np_dt
-            and obs.shape == shape
-        ):
-            obs_np[index] = obs  # (the common case of _obs_into, inline: once a step)
+        # (the common case of _obs_into, inline: an array exactly as the spec says; an
+        # equal dtype that is not numpy's canonical one takes _obs_into)
+        if type(obs) is np.ndarray and obs.dtype is np_dt and obs.shape == shape:
+            obs_np[index] = obs
         else:
             value = self._obs_into(obs, obs_np[index, ...])
             if value is not None:
                 # not what the spec says: the caller handles it as _step's output
                 return self._fast_outputs(value, reward, terminated, truncated)
         done = bool(terminated or truncated)
-        rew_np[index, 0] = reward
-        term_np[index, 0] = terminated
-        trunc_np[index, 0] = truncated
-        done_np[index, 0] = done
+        rew_np[index] = reward
+        term_np[index] = terminated
+        trunc_np[index] = truncated
+        done_np[index] = done
         return done
 
     def _row_action(self, leaf: torch.Tensor, index: int) -> Any:
@@ -351,13 +364,14 @@ class GymWrapper(GymLikeEnv):
             hit is None
             or hit[0] is not leaf
             or hit[1] != leaf._version
-            or not hit[2] <= index < hit[2] + len(hit[3])
+            or not hit[2] <= index < hit[3]
         ):
             if self._rows_writer is None:
                 return self._action_writer(leaf[index])
             block = leaf[index : index + _ACTION_BLOCK]
-            hit = self._row_actions = (leaf, leaf._version, index, list(self._rows_writer(block)))
-        return hit[3][index - hit[2]]
+            values = list(self._rows_writer(block))
+            hit = self._row_actions = (leaf, leaf._version, index, index + len(values), values)
+        return hit[4][index - hit[2]]
 
     def _obs_into(self, obs: Any, obs_np: np.ndarray) -> torch.Tensor | None:
         """Copy the backend's observation into a row's observation view; returns None, or
@@ -382,7 +396,10 @@ class GymWrapper(GymLikeEnv):
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
-        if out is not None and not self.blocking and not self.run_type_checks and self._plain_now():
+        if out is not None and self._writes_rows_now():
+            hit = self._views.get(id(out))
+            if hit is not None and hit[0] is out:
+                return self._plain_step(tensordict, hit[1], index or 0)
             views = self._row_views(out, _STEP_ROW, index is not None)
             if views is not None:
                 return self._plain_step(tensordict, views, index or 0)
@@ -395,10 +412,8 @@ class GymWrapper(GymLikeEnv):
         the pending seed, used once) straight into the row's numpy views, done flags
         cleared; anything else takes the default."""
         views = None
-        if out is not None and not (self.blocking or self.run_type_checks or self._closed):
-            views = (
-                self._row_views(out, _RESET_ROW, index is not None) if self._plain_now() else None
-            )
+        if out is not None and not self._closed and self._writes_rows_now():
+            views = self._row_views(out, _RESET_ROW, index is not None)
         if views is None:
             return await super()._reset_into(stepped, out, index)
         i = index or 0
@@ -448,7 +463,13 @@ class GymWrapper(GymLikeEnv):
                 or (key != "observation" and spec.shape != (1,))
             ):
                 return None
-        views = tuple(out.get(key).numpy() if rows else out.get(key).numpy()[None] for key in keys)
+        # (observations with a leading row dim; the one-element leaves seen as 1-d)
+        views = tuple(
+            (out.get(key).numpy() if rows else out.get(key).numpy()[None])
+            if key == "observation"
+            else out.get(key).numpy().reshape(-1)
+            for key in keys
+        )
         if len(self._views) > 8:
             self._views.clear()
         self._views[id(out)] = (out, views)

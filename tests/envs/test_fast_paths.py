@@ -380,6 +380,37 @@ def _extra_key_policy(env):
     return policy
 
 
+def _obs_replacing_policy(env):
+    # from step 3 on, the policy replaces its input's observations (kept as the step's
+    # root entries): rows hand over to TensorDicts
+    calls = [0]
+
+    def policy(td):
+        calls[0] += 1
+        td = env.rand_action(td)
+        if calls[0] > 3:
+            for key in env.observation_keys:
+                value = td.get(key)
+                if isinstance(value, torch.Tensor):
+                    td.set(key, value.clone())
+        return td
+
+    return policy
+
+
+def _other_dtype_policy(env):
+    # actions of another dtype that holds their values: the step's checks cast them
+    def policy(td):
+        td = env.rand_action(td)
+        for key in env.action_keys:
+            value = td.get(key)
+            if isinstance(value, torch.Tensor) and value.dtype != torch.float64:
+                td.set(key, value.to(torch.float64))
+        return td
+
+    return policy
+
+
 CASES = {
     "random-until-done": (150, None, {"break_when_any_done": True}),
     "random-through-ends": (150, None, {"break_when_any_done": False}),
@@ -388,6 +419,8 @@ CASES = {
     "policy-through-ends": (90, _random_policy, {"break_when_any_done": False}),
     "policy-until-done": (90, _random_policy, {}),
     "policy-extra-key": (40, _extra_key_policy, {"break_when_any_done": False}),
+    "policy-replaces-obs": (40, _obs_replacing_policy, {"break_when_any_done": False}),
+    "policy-other-dtype": (60, _other_dtype_policy, {"break_when_any_done": False}),
 }
 
 

@@ -140,6 +140,28 @@ async def test_the_hooks_step_aside_where_the_plain_path_may_not_run():
     assert not writes(pixels, leaves_for(pixels))
 
 
+async def test_a_kept_row_follows_instance_assignments_made_between_steps():
+    # a pool writes the same rows every step: an extension point assigned on the instance
+    # after a written step (or removed again) decides the next step
+    env = GymEnv("CartPole-v1")
+    row = TensorDict(leaves_for(env), [])
+    await env.reset(seed=0)
+    action = env.rand_action()
+    assert isinstance(drive(env._step_into(action, row)), bool)
+    env.read_obs = lambda obs: {"observation": torch.full((4,), 3.0)}  # type: ignore[method-assign]
+    out = drive(env._step_into(action, row))
+    assert isinstance(out, TensorDictBase)
+    assert torch.equal(out["observation"], torch.full((4,), 3.0))
+    del env.read_obs
+    assert isinstance(drive(env._step_into(action, row)), bool)
+    env.blocking = True  # (a thread's work: the default hook, which runs it there)
+    assert not env._writes_rows_now()
+    env.blocking = False
+    env._step = env._step  # type: ignore[method-assign]
+    assert not env._writes_rows_now() and not env._plain_now()
+    await env.aclose()
+
+
 async def test_an_observation_off_its_spec_comes_back_as_a_tensordict():
     # a reader giving another shape than the slot's: nothing half-written is passed off
     # as the step, the caller gets the step's TensorDict to finish as usual
