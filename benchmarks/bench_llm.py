@@ -28,9 +28,12 @@ printed as the ``peers`` table (from the venvs under ``benchmarks/_venvs/``):
   ``ToolEnv``: its package root exports nothing and its stack is ``verifiers.v1`` (tasksets,
   harnesses, runtimes behind its own CLI and configs), with no entry point that takes a list
   of tools and an OpenAI-compatible client as the drivers above do. The last release before
-  that rewrite (0.3.1) installs into ``benchmarks/_venvs/verifiers031`` (pyarrow, datasets);
-  the table says whether its ``ToolEnv`` imports. A driver for it was not written in the
-  session that found this.
+  that rewrite, 0.3.1, installs into ``benchmarks/_venvs/verifiers031`` (~6 min here, with
+  pyarrow and datasets) and has ``ToolEnv(tools=[...], max_turns=...)`` with an async
+  ``rollout(input, client, model, sampling_args)``: a same-workload driver against the
+  loopback servers is possible there (its tool calls are OpenAI ``tool_calls``, which the
+  fake server can return) and is the next step; it was not written in the session that
+  found this.
 - TorchRL 0.14.1 (``benchmarks/_venvs/torchrl``) has ``torchrl.envs.llm.ChatEnv`` with the
   ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), usable in history
   mode without a tokenizer download. Its tools are plain sync callables run in order, item by
