@@ -19,12 +19,27 @@ Reported: wall time, the ideal (the slowest episode's sum of latencies: a zero-c
 framework), % of ideal, and overhead per turn in µs (the mean over episodes of measured
 minus ideal episode time, per turn), and aenv's extra cost per turn over the raw loop.
 
-Peers are not run. verifiers' ``ToolEnv`` drives ``openai``'s client through its own
-rollout and dataset machinery (``datasets``, ``openai``, an HF tokenizer); TorchRL's chat
-env with tools needs ``transformers`` and TorchRL's LLM stack (vLLM for its wrappers): in
-this project's 2-core, GPU-less VM neither installs into a venv of its own without
-multi-GB downloads, and neither has a mode that talks to a plain OpenAI-compatible server
-with tools the way the drivers above do, so a same-workload comparison could not be made.
+Peers (issue 18 asks for verifiers' ``ToolEnv`` or TorchRL's chat env with tools in the same
+run, each in its own venv) are not timed yet; what each is, here, is checked on every run and
+printed as the ``peers`` table (from the venvs under ``benchmarks/_venvs/``):
+
+- verifiers: ``pip install verifiers`` into ``benchmarks/_venvs/verifiers`` works (0.4.0,
+  ~100 packages, transformers/openai/anthropic/mcp, no torch, ~3 min here), but 0.4.0 has no
+  ``ToolEnv``: its package root exports nothing and its stack is ``verifiers.v1`` (tasksets,
+  harnesses, runtimes behind its own CLI and configs), with no entry point that takes a list
+  of tools and an OpenAI-compatible client as the drivers above do. The last release before
+  that rewrite, 0.3.1, installs into ``benchmarks/_venvs/verifiers031`` (~6 min here, with
+  pyarrow and datasets) and has ``ToolEnv(tools=[...], max_turns=...)`` with an async
+  ``rollout(input, client, model, sampling_args)``: a same-workload driver against the
+  loopback servers is possible there (its tool calls are OpenAI ``tool_calls``, which the
+  fake server can return) and is the next step; it was not written in the session that
+  found this.
+- TorchRL 0.14.1 (``benchmarks/_venvs/torchrl``) has ``torchrl.envs.llm.ChatEnv`` with the
+  ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), usable in history
+  mode without a tokenizer download. Its tools are plain sync callables run in order, item by
+  item, inside the batched env's step, so the batch's tool latencies add up (256 episodes x
+  3 turns x ~100 ms mean ~ 80 s a round, against ~1.3 s ideal); a driver for it was not
+  written yet either.
 
 Run: ``python benchmarks/bench_llm.py [--quick]``
 """
@@ -211,7 +226,44 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
     return rows
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+#: peer venvs and what in them would be the comparable tool-calling env
+_PEERS = {
+    "verifiers": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
+    "verifiers031": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
+    "torchrl": (
+        "torchrl",
+        "import torchrl as m; from torchrl.envs.llm import ChatEnv; "
+        "from torchrl.envs.llm.transforms import ExecuteToolsInOrder",
+    ),
+}
+
+
+def peer_status() -> list[dict[str, Any]]:
+    """For each peer venv: installed or not, its version, whether its tool-calling env
+    imports (checked in the venv's own interpreter), and that it was not timed."""
+    import subprocess
+
+    rows = []
+    for venv, (package, probe) in _PEERS.items():
+        python = ROOT / "benchmarks" / "_venvs" / venv / "bin" / "python"
+        row: dict[str, Any] = {"venv": f"_venvs/{venv}", "package": package}
+        if not python.exists():
+            rows.append({**row, "version": "-", "tool_env_imports": "no venv", "timed": "no"})
+            continue
+        code = f"import importlib.metadata as md; print(md.version({package!r}))\n"
+        version = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=300
+        ).stdout.strip()
+        probed = subprocess.run(
+            [str(python), "-c", probe], capture_output=True, text=True, timeout=300
+        )
+        last = (probed.stderr.strip().splitlines() or [""])[-1]
+        status = "yes" if probed.returncode == 0 else last[:70]
+        rows.append({**row, "version": version or "-", "tool_env_imports": status, "timed": "no"})
+    return rows
+
+
+def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
     p = dict(QUICK if quick else FULL)
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -232,7 +284,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         f"tool latency {p['tool_ms'][0]}-{p['tool_ms'][1]} ms, model {p['model_ms']} ms",
         rows,
     )
-    return rows
+    peers = peer_status()
+    print_table("peers (see the module doc)", peers)
+    return {"": rows, "peers": peers}
 
 
 if __name__ == "__main__":

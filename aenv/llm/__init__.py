@@ -7,6 +7,8 @@
 - tools: :class:`Tool`, :class:`FunctionTool`, the parsers, :func:`dispatch_tool_calls`;
 - :class:`SubprocessSandbox`: programs in subprocesses with limits and nothing left behind;
 - :class:`Limiter`: per-resource caps shared by the envs and pools of a process;
+  :class:`SharedLimiter`: a concurrency cap shared by the processes of a machine (a
+  process pool's workers);
 - :class:`ChatClient`: an async client of OpenAI-compatible chat-completions servers
   (needs ``httpx``: ``pip install aenv[llm]``).
 """
@@ -27,6 +29,7 @@ from aenv.llm._parsers import (
     XMLTagParser,
 )
 from aenv.llm._sandbox import SandboxLimits, SandboxResult, SubprocessSandbox, live_sandboxes
+from aenv.llm._shared_limiter import SharedLimiter
 from aenv.llm._text import Text, get_data, get_text
 from aenv.llm._tools import FunctionTool, ParsedCall, Tool, dispatch_tool_calls, tool, tool_schema
 
@@ -49,6 +52,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "Scorer",
+    "SharedLimiter",
     "SubprocessSandbox",
     "Text",
     "Tool",

@@ -7,8 +7,9 @@ several pools, tools and the model client can share one by name (:meth:`Limiter.
 A limiter is per process. It is thread-safe and not bound to an event loop, so the
 envs of a thread pool (each on its own loop) share it; but the workers of a process pool
 each hold their own copy (a limiter pickled into a worker, or looked up by name there, is
-that worker's). To cap a resource across a process pool, give each worker a share of the
-cap (``Limiter(total // num_workers)``) or run those envs on the coroutine or thread backend.
+that worker's). To cap a resource across a process pool's workers, use a
+:class:`~aenv.llm.SharedLimiter` (its slots are file locks the kernel lets go of when a
+holder dies).
 """
 
 from __future__ import annotations

@@ -127,6 +127,27 @@ _PRCTL = _prctl()
 _PR_SET_PDEATHSIG = 1
 
 
+def _cloexec_inherited() -> None:
+    """In the child before ``exec``: mark every descriptor above stderr close-on-exec.
+
+    The loop's spawn need not close them: uvloop's ignores ``close_fds`` and passes every
+    inheritable descriptor on (a forkserver worker's socket to its pool is one), and a run
+    left holding that socket hides the worker's death from the pool, which then never
+    sweeps what the run started. The spawn's own pipes are dup'ed onto 0-2 afterwards
+    (``dup2`` clears the flag) or are close-on-exec already."""
+    try:
+        fds: Any = [
+            int(n)
+            for n in os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd")
+        ]
+    except OSError:
+        fds = range(3, 4096)
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # (the listing's own, closed since)
+                os.set_inheritable(fd, False)
+
+
 def _preexec(limits: SandboxLimits, ids: tuple[int, int] | None, parent: int) -> Any:
     cpu = None if limits.cpu_time_s is None else max(1, math.ceil(limits.cpu_time_s))
     wanted: list[tuple[int, float | int | None]] = [
@@ -139,6 +160,7 @@ def _preexec(limits: SandboxLimits, ids: tuple[int, int] | None, parent: int) ->
     caps = [(which, int(value)) for which, value in wanted if value is not None]
 
     def run() -> None:  # in the child, between fork and exec
+        _cloexec_inherited()
         for which, value in caps:
             resource.setrlimit(which, (value, value))
         if ids is not None:

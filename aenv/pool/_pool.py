@@ -299,14 +299,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
 
     def _step_keys(self, tensordict: TensorDictBase) -> list[Any]:
         """The entries of a whole-batch step input each sub-env gets: what a bare env
-        would get (every root entry but ``"next"``) where the envs live in this process; the
-        actions and state where they live in workers (whose input slots hold those, as the
-        seeds' ParallelEnv passes them)."""
-        if self._backend.overlaps_steps:
-            keys = [*self.action_keys, *self.state_keys]
-            if self._sub_batch:
-                keys.append("_step")
-            return keys
+        would get (every root entry but ``"next"``), on every backend (a process worker's
+        input slot holds the action, state, observation and done entries)."""
         skip = ("next",) if self._sub_batch else ("next", "_step")
         return [
             k

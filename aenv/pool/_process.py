@@ -694,6 +694,8 @@ class ProcessBackend(ClosingMixin, Backend):
         :meth:`wait_stacked`, or None (nothing sent) when some env would be refused."""
         if op not in _SLOT_OPS or self._stacked is None or self._refusing():
             return None
+        if self._stacked[bank].partial:
+            return None  # (staged for a chained call: its observations are not there yet)
         batch = self._stacked_call(op, bank)
         self._send_stacked(batch, step_timeout)
         return batch
@@ -715,6 +717,10 @@ class ProcessBackend(ClosingMixin, Backend):
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if not after.in_blocks() or self._closing or self._fences or self._refusing():
             return
+        staged = self._stacked[batch.bank]  # type: ignore[index]
+        if staged.partial:  # only the actions were staged: the rest is what ``after`` gave
+            resets = [bool(o[2]) for o in after.outcomes] if after.op != "step" else None
+            staged.carry(self._stacked[after.bank], resets)  # type: ignore[index]
         with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
             self._send_stacked(batch, step_timeout)
 

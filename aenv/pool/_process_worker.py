@@ -182,6 +182,12 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process (see the module docstring)."""
     close_inherited()
+    # Passed through the forkserver, these arrive inheritable: a program an env starts keeps
+    # them open past this worker's death where its spawn does not close them (uvloop's), and
+    # the parent, seeing no EOF, would never learn that the worker died.
+    for handle in (sock, lifeline, probe):
+        if handle is not None:
+            os.set_inheritable(handle.fileno(), False)
     _guard_parent(lifeline.fileno(), parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     if num_threads:

@@ -4,7 +4,8 @@ The parent plans a layout from the specs its workers sent (:func:`plan_layout`),
 anonymous shared region per worker (:func:`make_region`: a ``memfd`` on Linux, an unlinked
 file elsewhere, so nothing is left behind whatever happens to either process) and passes
 its descriptor to the worker once. Both sides then view the region as tensors
-(:func:`map_slots`). A step writes its action into the env's ``"in"`` slot and its result
+(:func:`map_slots`). A step writes its input (action, state, the last observation and done
+flags) into the env's ``"in"`` slot and its result
 comes back in the ``"next"`` (or ``"reset"``) slot: only a tiny message crosses the pipe.
 
 Like envs of one worker (same keys, shapes, dtypes) have their slots laid out as rows of
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from aenv.envs._rowplan import INPUT_GROUPS, RESET_GROUPS, STEP_GROUPS
 from aenv.envs._utils import EnvMetaData
 
 __all__ = [
@@ -62,19 +64,23 @@ EnvLayout = tuple[tuple[int, ...], dict[str, list[Leaf]]]
 GroupLayout = tuple[list[int], tuple[int, ...], dict[str, list[Leaf]]]
 
 
+#: the spec groups each slot kind holds: a step's input is what a bare env's step gets (the
+#: last observation and done flags as well as the action and state: an env may read them)
+_KIND_GROUPS = {"in": INPUT_GROUPS, "next": STEP_GROUPS, "reset": RESET_GROUPS}
+
+
 def _zero_leaves(meta: EnvMetaData, kind: str) -> list[tuple[Any, torch.Tensor]] | None:
     inp, out = meta.specs["input_spec"], meta.specs["output_spec"]
-    if kind == "in":
-        specs = [inp["full_action_spec"], inp["full_state_spec"]]
-    elif kind == "next":
-        specs = [out["full_observation_spec"], out["full_reward_spec"], out["full_done_spec"]]
-    else:
-        specs = [out["full_observation_spec"], out["full_done_spec"]]
     leaves: list[tuple[Any, torch.Tensor]] = []
-    for spec in specs:
+    seen = set()
+    for group in _KIND_GROUPS[kind]:
+        spec = inp[group] if group in ("full_action_spec", "full_state_spec") else out[group]
         if spec is None:
             continue
         for key in spec.keys(True, True):
+            if key in seen:  # (a key in two groups: one slot leaf)
+                continue
+            seen.add(key)
             leaf = spec[key]
             if any(d < 0 for d in leaf.shape):
                 return None
@@ -229,10 +235,10 @@ class Slot:
         return n == self.n
 
     def write_input(self, td: TensorDictBase) -> bool:
-        """Copy the slot's keys of ``td`` in (a step input: other entries, such as the
-        observation a streamed send carries along, are not the env's input and stay
-        behind, as in the seeds' ParallelEnv). False when a slot key is missing or does not
-        fit, or ``td`` carries a ``"_step"`` mask (pickle it instead)."""
+        """Copy the slot's keys of ``td`` in (a step input: its action, state, observation
+        and done flags; entries no spec names stay behind). False when a slot key is
+        missing or does not fit, or ``td`` carries a ``"_step"`` mask (pickle it instead:
+        the env then gets what was given, as a bare env would)."""
         if td.batch_size != self.batch_size:
             return False
         if self.flat_keys and type(td) is TensorDict:
@@ -346,7 +352,18 @@ class StackedBlocks:
     (pickled-only envs, unlike envs, nested keys).
     """
 
-    __slots__ = ("batch_size", "dsts", "expected", "in_keys", "kinds", "n", "single", "slices")
+    __slots__ = (
+        "batch_size",
+        "carried",
+        "dsts",
+        "expected",
+        "in_keys",
+        "kinds",
+        "n",
+        "partial",
+        "single",
+        "slices",
+    )
 
     def __init__(self, parts: list[tuple[dict[str, Block], int, int]]) -> None:
         first = parts[0][0]
@@ -367,6 +384,13 @@ class StackedBlocks:
             for _, views in self.kinds["in"]
         ]
         self.dsts = [view for _, views in self.kinds["in"] for view in views]
+        # the input leaves a step's results give the next step (observation, done flags):
+        # an overlapped rollout stages only the actions and has the rest carried over
+        # (:meth:`carry`) once the step before has come back
+        produced = {key for key, _ in self.kinds["reset"]}
+        self.carried = frozenset(key for key in self.in_keys if key in produced)
+        #: the last write left the carried leaves out (they hold stale values)
+        self.partial = False
 
     @classmethod
     def plan(cls, parts: list[tuple[dict[str, Block], int, int]]) -> StackedBlocks | None:
@@ -408,13 +432,61 @@ class StackedBlocks:
         for key, (dtype, shape) in zip(self.in_keys, self.expected):
             value = entries.get(key)
             if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
+                if value is None and key in self.carried:
+                    return self._write_partial(entries)
                 return False
             if self.single:
                 srcs.append(value)
             else:
                 srcs.extend(value[start:stop] for start, stop in self.slices)
         _copy_all(self.dsts, srcs)
+        self.partial = False
         return True
+
+    def _write_partial(self, entries: dict[str, Any]) -> bool:
+        """:meth:`write_inputs` of an input without (some of) the carried leaves: the
+        others go in and :attr:`partial` is set, so that the blocks are sent only after a
+        :meth:`carry`. False (nothing written) when another leaf is missing or misfits."""
+        srcs: list[torch.Tensor] = []
+        dsts: list[torch.Tensor] = []
+        for (key, views), (dtype, shape) in zip(self.kinds["in"], self.expected):
+            if key in self.carried:
+                continue
+            value = entries.get(key)
+            if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
+                return False
+            dsts.extend(views)
+            if self.single:
+                srcs.append(value)
+            else:
+                srcs.extend(value[start:stop] for start, stop in self.slices)
+        _copy_all(dsts, srcs)
+        self.partial = True
+        return True
+
+    def carry(self, src: StackedBlocks, resets: list[bool] | None) -> None:
+        """Fill the carried input leaves from the results in ``src`` (the other bank) of
+        the step before: each env's ``"next"`` values, or its ``"reset"`` ones where
+        ``resets`` flags it (what ``step_mdp`` and the resets make the next input)."""
+        nxt = dict(src.kinds["next"])
+        rst = dict(src.kinds["reset"])
+        dsts: list[torch.Tensor] = []
+        srcs: list[torch.Tensor] = []
+        for key, views in self.kinds["in"]:
+            if key in self.carried:
+                dsts.extend(views)
+                srcs.extend(nxt[key])
+        _copy_all(dsts, srcs)
+        if resets is not None and any(resets):
+            for part, (start, stop) in enumerate(self.slices):
+                rows = [r - start for r in range(start, stop) if resets[r]]
+                if not rows:
+                    continue
+                index = torch.tensor(rows)
+                for key, views in self.kinds["in"]:
+                    if key in self.carried:
+                        views[part].index_copy_(0, index, rst[key][part].index_select(0, index))
+        self.partial = False
 
     def read(self, kind: str) -> TensorDictBase:
         """A private copy of every env's ``kind`` slot, stacked: one tensor per leaf."""

@@ -1,8 +1,10 @@
 """Ctrl-C at random moments during sync facade calls (run as a script by the tests).
 
-``python interrupt_driver.py BACKEND ITERATIONS SEED [uvloop|asyncio]`` sends SIGINT to
-itself at a random moment (seeded) during each call of a ``SerialEnv`` (coroutine, thread)
-or ``ParallelEnv`` (process) of counting envs (resets, steps and rollouts), and checks every call after it: an
+``python interrupt_driver.py BACKEND ITERATIONS SEED [uvloop|asyncio] [MAX_DELAY] [P_ROLLOUT]``
+sends SIGINT to itself at a random moment (seeded, up to ``MAX_DELAY`` seconds into the call,
+default 0.025) during each call of a ``SerialEnv`` (coroutine, thread) or ``ParallelEnv``
+(process) of counting envs on a runner with that loop (resets, steps and, with probability
+``P_ROLLOUT``, default 0.5, rollouts), and checks every call after it: an
 interrupted call raises ``KeyboardInterrupt`` (never an exception group), the next call
 works, and each step's observation is the count of steps since its reset (a stale result
 delivered into a later call would break the count). Prints one JSON line of figures.
@@ -54,10 +56,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     backend, iterations, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     loop_kind = sys.argv[4] if len(sys.argv) > 4 else "uvloop"
-    if loop_kind == "asyncio":
-        import aenv.sync._runner as runner_mod
+    max_delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0.025
+    p_rollout = float(sys.argv[6]) if len(sys.argv) > 6 else 0.5
+    import aenv.sync._runner as runner_mod
 
-        runner_mod._default = Runner(use_uvloop=False)
+    runner_mod._default = Runner(use_uvloop=loop_kind == "uvloop")
     get_runner()
     rng = random.Random(seed)
     n = 3
@@ -78,8 +81,8 @@ def main() -> None:
         stats["calls"] += 1
         try:
             try:
-                intr.arm(rng.uniform(0.0, 0.025))
-                if rng.random() < 0.5:
+                intr.arm(rng.uniform(0.0, max_delay))
+                if rng.random() < p_rollout:
                     out = env.rollout(20)
                     obs = out["next", "observation"][:, -1]
                     expect = 20.0

@@ -242,3 +242,25 @@ async def test_many_concurrent_runs():
     box = SubprocessSandbox()
     results = await asyncio.gather(*(box.run_python(f"print({i} * 2)") for i in range(16)))
     assert [r.stdout.strip() for r in results] == [str(i * 2) for i in range(16)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_run_holds_none_of_its_starters_descriptors(loop):
+    """A run gets stdin/out/err only, whatever loop started it: uvloop's spawn ignores
+    ``close_fds`` and passed every inheritable descriptor on (a process-pool worker's socket
+    among them, which hid the worker's death from its pool)."""
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+    r, w = os.pipe()
+    os.set_inheritable(r, True)  # as a descriptor handed over by a forkserver arrives
+    try:
+        program = "import os; print(*sorted(int(n) for n in os.listdir('/proc/self/fd')))"
+        run = SubprocessSandbox().run_python(program)
+        res = uvloop.run(run) if loop == "uvloop" else asyncio.run(run)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert res.exit_code == 0, res.stderr
+    fds = [int(n) for n in res.stdout.split()]
+    assert fds[:3] == [0, 1, 2] and len(fds) == 4  # and the one its own listing opened
