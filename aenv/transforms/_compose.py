@@ -16,6 +16,26 @@ from aenv.transforms._base import Transform
 __all__ = ["Compose"]
 
 
+def not_a_transform(obj: object) -> str:
+    """What to say of ``obj`` given where an aenv transform is expected: its type, and for
+    one of TorchRL's transforms, the aenv way to get the same thing."""
+    cls = type(obj)
+    if not cls.__module__.startswith("torchrl."):
+        return cls.__name__
+    import aenv.transforms as ours
+
+    twin = (
+        f"aenv.transforms.{cls.__name__} (same name and arguments)"
+        if hasattr(ours, cls.__name__)
+        else "an aenv transform"
+    )
+    return (
+        f"TorchRL's {cls.__name__}: aenv's TransformedEnv runs aenv transforms; use {twin}, "
+        "or hand the env to TorchRL with aenv.libs.torchrl.to_torchrl(env) and use "
+        "TorchRL's TransformedEnv there"
+    )
+
+
 class Compose(Transform):
     """A chain of transforms applied in order (inverse hooks in reverse order).
 
@@ -37,7 +57,7 @@ class Compose(Transform):
             transforms = tuple(transforms[0])
         for t in transforms:
             if not isinstance(t, Transform):
-                raise TypeError(f"Compose takes Transforms, got {type(t).__name__}")
+                raise TypeError(f"Compose takes Transforms, got {not_a_transform(t)}")
             t.set_container(self)
         self.transforms = nn.ModuleList(transforms)
 
@@ -56,7 +76,7 @@ class Compose(Transform):
     def append(self, transform: Transform) -> Compose:
         """Append a transform (its specs apply after those already here)."""
         if not isinstance(transform, Transform):
-            raise TypeError(f"can only append Transforms, got {type(transform).__name__}")
+            raise TypeError(f"can only append Transforms, got {not_a_transform(transform)}")
         transform.set_container(self)
         self.transforms.append(transform)
         self._changed()

@@ -12,7 +12,7 @@ from aenv._mdp import mask_merge, reduce_mask
 from aenv.envs._common import EnvBase, _EnvMeta
 from aenv.specs import Composite
 from aenv.transforms._base import Transform
-from aenv.transforms._compose import Compose
+from aenv.transforms._compose import Compose, not_a_transform
 
 __all__ = ["TransformedEnv"]
 
@@ -83,7 +83,7 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
             transform = Compose()
         elif not isinstance(transform, Compose):
             if not isinstance(transform, Transform):
-                raise TypeError(f"transform must be a Transform, got {type(transform).__name__}")
+                raise TypeError(f"transform must be a Transform, got {not_a_transform(transform)}")
             if transform.__dict__.get("_container") is not None:
                 transform.set_container(self)  # raises: the transform has a parent already
             transform = Compose(transform)

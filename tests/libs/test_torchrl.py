@@ -292,3 +292,11 @@ def test_round_trip_keeps_specs_and_unwraps():
         AenvTorchRLEnv(TorchRLWrapper(base))
     tenv.close()
     base.close()
+
+
+def test_a_torchrl_transform_in_aenvs_transformed_env_is_refused_naming_the_aenv_way() -> None:
+    from aenv import TransformedEnv
+    from aenv.testing import CountingEnv
+
+    with pytest.raises(TypeError, match=r"TorchRL's StepCounter.*aenv\.transforms\.StepCounter"):
+        TransformedEnv(CountingEnv(), TorchRLStepCounter())

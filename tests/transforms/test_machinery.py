@@ -208,3 +208,20 @@ def test_forward_and_inv_as_modules():
     src = TensorDict(a=torch.ones(1))
     out = Neg(in_keys_inv=["a"]).inv(src)
     assert out["a"].item() == -1 and src["a"].item() == 1
+
+
+def test_a_torchrl_transform_is_refused_naming_the_aenv_way() -> None:
+    # (a stand-in from TorchRL's module: the main venv has no torchrl; the real one is
+    # checked in tests/libs/test_torchrl.py, which CI runs in the TorchRL venv)
+    StepCounter = type("StepCounter", (), {"__module__": "torchrl.envs.transforms.transforms"})
+    Exotic = type("Exotic", (), {"__module__": "torchrl.envs.transforms.transforms"})
+    from aenv import TransformedEnv
+    from aenv.testing import CountingEnv
+    from aenv.transforms import Compose
+
+    with pytest.raises(TypeError, match=r"TorchRL's StepCounter.*aenv\.transforms\.StepCounter"):
+        TransformedEnv(CountingEnv(), StepCounter())
+    with pytest.raises(TypeError, match=r"TorchRL's Exotic.*an aenv transform.*to_torchrl"):
+        Compose(Exotic())
+    with pytest.raises(TypeError, match="got int"):
+        Compose().append(3)  # type: ignore[arg-type]
