@@ -28,7 +28,6 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aenv.llm._limiter import Limiter
@@ -212,15 +211,6 @@ class SharedLimiter(Limiter):
             raise RuntimeError(f"{self!r}: release() without a slot held")
         os.close(fd)  # (closing lets go of the hold)
         Limiter.release(self)
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """``async with limiter.slot():`` holds a slot for the block."""
-        await self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
 
     async def _take_file(self) -> int:
         for path in self._paths:
