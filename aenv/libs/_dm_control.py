@@ -13,6 +13,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import BackendUnavailableError
+from aenv.libs._flags import done_flags
 from aenv.specs import Bounded, Categorical, Composite, TensorSpec, Unbounded
 from aenv.specs._numpy import from_numpy_fn, to_numpy_fn
 
@@ -84,10 +85,6 @@ def _copied(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _copied(v) for k, v in value.items()}
     return np.array(value)
-
-
-def _flag() -> Categorical:
-    return Categorical(2, shape=(1,), dtype=torch.bool)
 
 
 class DMControlWrapper(EnvBase):
@@ -181,7 +178,7 @@ class DMControlWrapper(EnvBase):
         self.full_action_spec = Composite(action=action)
         self._write_action = to_numpy_fn(action)
         self.full_reward_spec = Composite(reward=Unbounded((1,), dtype=reward.dtype))
-        self.full_done_spec = Composite({k: _flag() for k in ("done", "terminated", "truncated")})
+        self.full_done_spec = Composite(done_flags((1,)))
         self._reward_dtype = reward.dtype
 
     @property

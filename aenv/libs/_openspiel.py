@@ -13,6 +13,7 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._common import EnvBase
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
 from aenv.exceptions import BackendUnavailableError, SpecViolationError
+from aenv.libs._flags import done_flags, flag
 from aenv.specs import Binary, Categorical, Composite, Unbounded
 
 __all__ = ["OpenSpielEnv", "OpenSpielWrapper", "sample_chance"]
@@ -26,10 +27,6 @@ def _pyspiel() -> Any:
             "OpenSpielWrapper needs OpenSpiel: pip install 'aenv[openspiel]'"
         ) from None
     return pyspiel
-
-
-def _flag(shape: tuple[int, ...]) -> Categorical:
-    return Categorical(2, shape=shape, dtype=torch.bool)
 
 
 def sample_chance(state: Any, rng: np.random.Generator) -> int:
@@ -148,15 +145,15 @@ class OpenSpielWrapper(EnvBase):
             obs[g] = Composite(
                 observation=Unbounded((n, *self._obs_shape)),
                 action_mask=Binary(shape=(n, a), dtype=torch.bool),
-                mask=_flag((n,)),
+                mask=flag((n,)),
                 shape=(n,),
             )
             act[g] = Composite(action=Categorical(a, shape=(n,)), shape=(n,))
             rew[g] = Composite(reward=Unbounded((n, 1)), shape=(n,))
-            flags = {k: _flag((n, 1)) for k in ("done", "terminated", "truncated")}
+            flags = done_flags((n, 1))
             done[g] = Composite(flags, shape=(n,))
         obs["current_player"] = Unbounded((1,), dtype=torch.int64)
-        done.update({k: _flag((1,)) for k in ("done", "terminated", "truncated")})
+        done.update(done_flags((1,)))
         self.full_observation_spec = Composite(obs)
         self.full_action_spec = Composite(act)
         self.full_reward_spec = Composite(rew)

@@ -13,10 +13,10 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._common import EnvBase
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
 from aenv.exceptions import BackendUnavailableError, SpecViolationError
+from aenv.libs._flags import done_flags, flag
 from aenv.specs import (
     Binary,
     Bounded,
-    Categorical,
     Composite,
     TensorSpec,
     Unbounded,
@@ -35,10 +35,6 @@ def _pettingzoo() -> Any:
             "PettingZooWrapper needs PettingZoo: pip install 'aenv[pettingzoo]'"
         ) from None
     return pettingzoo
-
-
-def _flag(shape: tuple[int, ...]) -> Categorical:
-    return Categorical(2, shape=shape, dtype=torch.bool)
 
 
 class _Group:
@@ -175,16 +171,16 @@ class PettingZooWrapper(EnvBase):
             n = g.n
             leaves = {k: v.expand(n, *v.shape) for k, v in g.obs_spec.items()}
             if not self.parallel:
-                leaves["mask"] = _flag((n,))
+                leaves["mask"] = flag((n,))
             obs[g.name] = Composite(leaves, shape=(n,))
             act[g.name] = Composite(action=g.act_spec.expand(n, *g.act_spec.shape), shape=(n,))
             rew[g.name] = Composite(reward=Unbounded((n, 1)), shape=(n,))
-            flags = {k: _flag((n, 1)) for k in ("done", "terminated", "truncated")}
+            flags = done_flags((n, 1))
             done[g.name] = Composite(flags, shape=(n,))
         if self.from_pixels:
             frame = self._first_frame()
             obs["pixels"] = Bounded(0, 255, frame.shape, dtype=torch.uint8)
-        done.update({k: _flag((1,)) for k in ("done", "terminated", "truncated")})
+        done.update(done_flags((1,)))
         self.full_observation_spec = Composite(obs)
         self.full_action_spec = Composite(act)
         self.full_reward_spec = Composite(rew)
