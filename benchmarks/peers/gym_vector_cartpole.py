@@ -13,16 +13,20 @@ Params (JSON object in argv[1]):
     repeats (int): timed runs, the best is kept. Default 3; quick 1.
     warmup (int): untimed runs first. Default 1; quick 1.
     kinds (list[str]): which of "async", "sync" to run. Default both.
+    spin (int): turns of a Python loop before each env step (``_spin.make``), to set the
+        cost of a step. Default 0 (plain CartPole).
 
 Run: ``python benchmarks/peers/gym_vector_cartpole.py '{"quick": true}'``
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import _peerlib
+import _spin
 
 DEFAULTS: dict[str, Any] = {
     "n_envs": 8,
@@ -30,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "repeats": 3,
     "warmup": 1,
     "kinds": ["async", "sync"],
+    "spin": 0,
 }
 QUICK: dict[str, Any] = {"n_envs": 2, "steps": 200, "repeats": 1, "warmup": 1}
 
@@ -40,7 +45,7 @@ def _measure(kind: str, p: dict[str, Any]) -> dict[str, Any]:
     from _common import best_of
 
     n_envs, steps = int(p["n_envs"]), int(p["steps"])
-    fns = [lambda: gym.make("CartPole-v1") for _ in range(n_envs)]
+    fns = [functools.partial(_spin.make, int(p["spin"])) for _ in range(n_envs)]
     cls = gym.vector.AsyncVectorEnv if kind == "async" else gym.vector.SyncVectorEnv
     t0 = time.perf_counter()
     envs = cls(fns)

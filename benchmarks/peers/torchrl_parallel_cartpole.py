@@ -12,18 +12,22 @@ Params (JSON object in argv[1]):
     steps (int): batched steps per rollout. Default 1000; quick 100.
     repeats (int): timed rollouts, the best is kept. Default 3; quick 1.
     warmup (int): untimed rollouts first. Default 1; quick 1.
+    spin (int): turns of a Python loop before each env step (``_spin.make``, wrapped with
+        TorchRL's ``GymWrapper``), to set the cost of a step. Default 0 (TorchRL's own
+        ``GymEnv("CartPole-v1")``).
 
 Run: ``benchmarks/_venvs/torchrl/bin/python benchmarks/peers/torchrl_parallel_cartpole.py '{"quick": true}'``
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import _peerlib
 
-DEFAULTS: dict[str, Any] = {"n_envs": 8, "steps": 1000, "repeats": 3, "warmup": 1}
+DEFAULTS: dict[str, Any] = {"n_envs": 8, "steps": 1000, "repeats": 3, "warmup": 1, "spin": 0}
 QUICK: dict[str, Any] = {"n_envs": 2, "steps": 100, "repeats": 1, "warmup": 1}
 
 
@@ -31,6 +35,13 @@ def _make_cartpole():  # a module-level factory, so any start method can pickle 
     from torchrl.envs import GymEnv
 
     return GymEnv("CartPole-v1")
+
+
+def _make_spin_cartpole(iters: int):  # module level too, with its cost bound by partial
+    import _spin
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(_spin.make(iters))
 
 
 def _default_start_method() -> str:
@@ -46,7 +57,10 @@ def workload(p: dict[str, Any]) -> dict[str, Any]:
 
     n_envs, steps = int(p["n_envs"]), int(p["steps"])
     t0 = time.perf_counter()
-    env = ParallelEnv(n_envs, _make_cartpole)
+    iters = int(p["spin"])
+    env = ParallelEnv(
+        n_envs, functools.partial(_make_spin_cartpole, iters) if iters else _make_cartpole
+    )
     try:
         env.set_seed(0)
         env.reset()

@@ -1,0 +1,218 @@
+"""Process pools against the hardware limit, as the cost of an env step grows.
+
+8 CPU-bound envs on the machine's 2 cores: CartPole-v1 plus a pure-Python loop before each
+step that sets its cost (``benchmarks/peers/_spin.py``; no loop, about 100 us and about 1 ms),
+random actions, ended episodes reset. Each framework runs as its users run it, all in one
+run:
+
+- the **limit**, measured here: 2 plain processes, each stepping 4 envs in a loop, with
+  nothing exchanged per step (what 2 cores can do with these envs);
+- aenv ``ParallelEnv`` (the sync facade over a process pool): ``rollout(steps,
+  break_when_any_done=False)``, with 2 worker processes of 4 envs and with 8 workers of 1;
+- Gymnasium ``AsyncVectorEnv`` (one process per env) stepping pre-drawn random actions, and
+  TorchRL ``ParallelEnv`` (one process per env) with its own ``rollout``, in TorchRL's venv
+  (``benchmarks/peers/gym_vector_cartpole.py``, ``benchmarks/peers/torchrl_parallel_cartpole.py``);
+- EnvPool's C++ CartPole (its own thread pool, own venv) for the plain CartPole row only: it
+  cannot run a Python step, so it is the yardstick of a native simulator, not a peer.
+
+Each cell is env-steps/s and its share of the limit. The costs are measured, not assumed: the
+loop's turns per microsecond are calibrated in this process, and "cost per env step" is the
+limit's own CPU time per env step (CartPole's step and its resets included).
+
+Run: ``python benchmarks/bench_scaling.py [--quick] [--plot FILE]`` (``--quick``: the ~100 us
+row only, 100 steps, no TorchRL (its 8 processes take longer to start than the row takes),
+Gymnasium where its venv is already built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks._common import best_of, print_table  # noqa: E402
+from benchmarks.peers import _spin  # noqa: E402
+
+N_ENVS, CORES = 8, 2
+#: extra cost per step (us) of each row: none (plain CartPole), ~100 us, ~1 ms
+COSTS_US = (0, 100, 1000)
+QUICK_COSTS_US = (100,)
+#: seconds of stepping per timed run at the limit (the step counts follow from the cost),
+#: at most MAX_STEPS batched steps (TorchRL runs plain CartPole at a few % of the limit)
+SECONDS, MAX_STEPS, QUICK_STEPS = 1.5, 2000, 100
+
+
+def _aenv_spin(iters: int) -> Any:
+    from aenv.libs.gym import GymWrapper
+
+    return GymWrapper(_spin.make(iters))
+
+
+def _steps(cost_us: float) -> int:
+    """Batched steps that take about :data:`SECONDS` at the limit."""
+    per_batch = N_ENVS * cost_us * 1e-6 / CORES
+    return max(20, min(MAX_STEPS, int(SECONDS / per_batch)))
+
+
+def _limit(iters: int, steps: int) -> dict[str, float]:
+    """2 plain processes of 4 envs each: env-steps/s over the span from the first start to
+    the last end, and the CPU time per env step (the cost on one core)."""
+    ctx = multiprocessing.get_context("forkserver")
+    per = N_ENVS // CORES
+    barrier, out = ctx.Barrier(CORES), ctx.Queue()
+    procs = [
+        ctx.Process(target=_spin.limit_worker, args=(per, iters, steps, 9 * k, barrier, out))
+        for k in range(CORES)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        # (each process builds its envs, then all step at once from the barrier on)
+        spans = [out.get(timeout=600) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    start, end = min(s[0] for s in spans), max(s[1] for s in spans)
+    cpu = sum(s[2] for s in spans)
+    return {
+        "env_steps_per_s": N_ENVS * steps / (end - start),
+        "cost_us": cpu / (N_ENVS * steps) * 1e6,
+    }
+
+
+def _aenv(iters: int, steps: int, workers: int, repeats: int) -> float:
+    from aenv.sync import ParallelEnv
+
+    env = ParallelEnv(N_ENVS, partial(_aenv_spin, iters), num_processes=workers)
+    try:
+        env.set_seed(0)
+        env.reset()
+        seconds = best_of(
+            lambda: env.rollout(steps, break_when_any_done=False), repeats=repeats, warmup=1
+        )
+    finally:
+        env.close()
+    return N_ENVS * steps / seconds
+
+
+def _peer(name: str, params: dict[str, Any], quick: bool, venv: str = "torchrl") -> Any:
+    from benchmarks._peers import VENVS_DIR, PeerRunError, run_peer
+
+    if quick and not (VENVS_DIR / venv / "bin" / "python").exists():
+        print(f"peer {name}: skipped in quick mode (no {venv} venv built)", file=sys.stderr)
+        return None
+    try:
+        return run_peer(name, venv=venv, **params)
+    except PeerRunError as exc:
+        print(f"peer {name} unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def _cell(rate: float | None, limit: float) -> str | None:
+    if not rate:
+        return None
+    return f"{rate:,.0f} ({100.0 * rate / limit:.0f}%)"
+
+
+def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """One row per step cost: the limit, then each framework's env-steps/s and % of it."""
+    torch.set_num_threads(1)
+    costs = QUICK_COSTS_US if quick else COSTS_US
+    repeats = 1 if quick else 3
+    per_us = _spin.iters_per_us()
+    rows, plot = [], []
+    for extra in costs:
+        iters = int(extra * per_us)
+        steps = QUICK_STEPS if quick else _steps(extra + 8.0)
+        limit = _limit(iters, steps)
+        rate = limit["env_steps_per_s"]
+        aenv_2x4 = _aenv(iters, steps, CORES, repeats)
+        aenv_8x1 = _aenv(iters, steps, N_ENVS, repeats)
+        params = {"n_envs": N_ENVS, "steps": steps, "repeats": repeats, "spin": iters}
+        gym = _peer("gym_vector_cartpole", {**params, "kinds": ["async"]}, quick)
+        trl = None if quick else _peer("torchrl_parallel_cartpole", params, quick)
+        pool = None
+        if extra == 0:
+            pool = _peer(
+                "envpool_cartpole",
+                {"n_envs": N_ENVS, "steps": steps, "repeats": repeats, "threads": CORES},
+                quick,
+                venv="envpool",
+            )
+        gym_rate = gym["async_env_steps_per_s"] if gym else None
+        trl_rate = trl["env_steps_per_s"] if trl else None
+        rows.append(
+            {
+                "cost per env step": f"{limit['cost_us']:,.0f} us",
+                "limit (2 plain processes)": f"{rate:,.0f}",
+                "aenv ParallelEnv, 2 workers x 4 envs": _cell(aenv_2x4, rate),
+                "aenv ParallelEnv, 8 workers x 1 env": _cell(aenv_8x1, rate),
+                "Gymnasium AsyncVectorEnv": _cell(gym_rate, rate),
+                "TorchRL ParallelEnv": _cell(trl_rate, rate),
+                "EnvPool (C++ CartPole)": _cell(pool["env_steps_per_s"], rate) if pool else None,
+                "aenv 2x4 / AsyncVectorEnv": aenv_2x4 / gym_rate if gym_rate else None,
+            }
+        )
+        plot.append(
+            {
+                "cost_us": limit["cost_us"],
+                "aenv 2x4": 100.0 * aenv_2x4 / rate,
+                "aenv 8x1": 100.0 * aenv_8x1 / rate,
+                "AsyncVectorEnv": 100.0 * gym_rate / rate if gym_rate else None,
+                "TorchRL": 100.0 * trl_rate / rate if trl_rate else None,
+            }
+        )
+    return {"": rows, "plot": plot}
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    """% of the limit against the cost per env step (log scale), one line per framework."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [p["cost_us"] for p in points]
+    for name in ("aenv 2x4", "aenv 8x1", "AsyncVectorEnv", "TorchRL"):
+        ys = [p[name] for p in points]
+        if all(y is not None for y in ys):
+            ax.plot(xs, ys, "o-", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("cost per env step (us, one core)")
+    ax.set_ylabel("% of the limit (2 plain processes)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{N_ENVS} CPU-bound envs on {CORES} cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one row, short runs")
+    parser.add_argument("--plot", type=Path, help="write the plot there (PNG)")
+    args = parser.parse_args()
+    t = time.perf_counter()
+    res = run(args.quick)
+    print_table(f"{N_ENVS} CPU-bound envs on {CORES} cores: env-steps/s (% of the limit)", res[""])
+    if args.plot:
+        plot(res["plot"], args.plot)
+    print(f"({time.perf_counter() - t:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
