@@ -75,14 +75,31 @@ def _latencies(p: dict[str, Any]) -> list[list[float]]:
     return np.exp(rng.uniform(lo, hi, size=(p["episodes"], p["turns"]))).tolist()
 
 
+def _prompt(dialect: str, episode: int) -> str:
+    """An episode's prompt: it names the tool-call syntax the driver's parser reads."""
+    return f"{dialect} episode {episode}"
+
+
 def _model(p: dict[str, Any], lat: list[list[float]]) -> Any:
+    """The fake model: ``turns`` calls of ``remote`` (this episode's latencies), then an
+    answer. The prompt's first word picks the call syntax of the driver's framework; the
+    calls, their arguments and the turn count are the same for every syntax."""
+
     def model(request: dict[str, Any], index: int) -> dict[str, Any]:
         msgs = request["messages"]
-        episode = int(msgs[0]["content"].split()[-1])
+        dialect, _, episode = next(m for m in msgs if m["role"] == "user")["content"].split()
         turn = sum(m["role"] == "tool" for m in msgs)
         if turn >= p["turns"]:
             return {"content": f"done after {turn} calls"}
-        call = {"name": "remote", "arguments": {"seconds": lat[episode][turn]}}
+        args = {"seconds": lat[int(episode)][turn]}
+        if dialect == "openai":  # verifiers: OpenAI function calling
+            call = {"name": "remote", "arguments": json.dumps(args)}
+            return {
+                "tool_calls": [{"id": f"c{episode}-{turn}", "type": "function", "function": call}]
+            }
+        if dialect == "torchrl":  # TorchRL's XMLBlockParser
+            return {"content": f'<tool name="remote">{json.dumps(args)}</tool>'}
+        call = {"name": "remote", "arguments": args}  # aenv's XMLTagParser
         return {"content": f"<tool_call>{json.dumps(call)}</tool_call>"}
 
     return model
@@ -108,7 +125,7 @@ async def _raw(p: dict[str, Any], client: Any, remote: Any) -> list[float]:
 
     async def episode(e: int) -> float:
         start = time.perf_counter()
-        msgs: list[dict[str, Any]] = [{"role": "user", "content": f"episode {e}"}]
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": _prompt("aenv", e)}]
         while True:
             reply = await client.chat(msgs)
             msgs.append({"role": "assistant", "content": reply.message.content})
@@ -131,7 +148,7 @@ async def _direct(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
     async def episode(e: int) -> float:
         env = ToolEnv(tools, max_turns=p["turns"] + 1)
         start = time.perf_counter()
-        td = await env.reset(TensorDict(prompt=NonTensorData(f"episode {e}")))
+        td = await env.reset(TensorDict(prompt=NonTensorData(_prompt("aenv", e))))
         while True:
             reply = await client.chat(get_data(td, "history"))
             out = await env.step(td.set("response", NonTensorData(reply.message)))
@@ -153,7 +170,7 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
         start = time.perf_counter()
         first = await pool.reset(
             TensorDict(
-                prompt=NonTensorStack.from_list([f"episode {e}" for e in range(n)]),
+                prompt=NonTensorStack.from_list([_prompt("aenv", e) for e in range(n)]),
                 batch_size=[n],
             )
         )
@@ -170,15 +187,13 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
         return list(await asyncio.gather(*(episode(e) for e in range(n))))
 
 
-async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, Any]]:
+async def _measure(
+    p: dict[str, Any], urls: tuple[str, str]
+) -> dict[str, tuple[float, list[float]]]:
+    """aenv's drivers and the raw loop: name -> (best wall time, that round's episode times)."""
     from aenv.llm import ChatClient, FunctionTool
 
     model_url, tool_url = urls
-    lat = _latencies(p)
-    ideal_each = [sum(row) + (p["turns"] + 1) * p["model_ms"] / 1000.0 for row in lat]
-    ideal_wall = max(ideal_each)
-    turns = p["turns"] + 1
-    rows = []
     # the tool server is a second fake server, reached through a ChatClient of its own
     tool_client = ChatClient(tool_url, max_concurrency=None, timeout=120)
 
@@ -205,9 +220,91 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
                         best[name] = (wall, each)
     finally:
         await tool_client.aclose()
+    return {name: best[name] for name in drivers}
+
+
+# ---------------------------------------------------------------- peers
+#: the peers' drivers: row name -> (``benchmarks/peers/<script>.py``, its venv, its params)
+PEERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "verifiers 0.3.1 ToolEnv.rollout": ("verifiers_tool_env", "verifiers031", {}),
+    "TorchRL 0.14.1 ChatEnv(batch) + ExecuteToolsInOrder": (
+        "torchrl_chat_tools",
+        "torchrl",
+        {"mode": "batch"},
+    ),
+    "TorchRL 0.14.1 AsyncEnvPool(ChatEnv + ExecuteToolsInOrder)": (
+        "torchrl_chat_tools",
+        "torchrl",
+        {"mode": "pool"},
+    ),
+}
+
+#: peers looked at and not timed, with why
+NOT_TIMED = {
+    "verifiers 0.4.0 (newest)": (
+        "installs (benchmarks/_venvs/verifiers), but has no ToolEnv: its stack is verifiers.v1 "
+        "(tasksets, harnesses, runtimes behind its CLI), with no entry point that takes a "
+        "list of tools and an OpenAI client; 0.3.1, its last release with ToolEnv, is timed"
+    ),
+}
+
+
+def _peer_params(p: dict[str, Any], peer: str, urls: tuple[str, str]) -> dict[str, Any]:
+    """The params of ``peer``'s driver: this run's sizes and the servers' URLs."""
+    extra = PEERS[peer][2]
+    base = {"model_url": urls[0], "tool_url": urls[1], "episodes": p["episodes"]}
+    base.update(turns=p["turns"], rounds=p["rounds"], **extra)
+    if extra.get("mode") == "batch":
+        # one measured round (after a 4-episode warm-up batch): its tools run one after
+        # another, so a full round takes minutes and its noise is small beside its cost
+        base.update(rounds=1, warmup=4)
+    return base
+
+
+def run_peers(
+    p: dict[str, Any], urls: tuple[str, str], *, quick: bool
+) -> tuple[dict[str, tuple[float, list[float]]], list[dict[str, Any]]]:
+    """Runs each peer's driver in its venv against the servers at ``urls``.
+
+    A full run builds a missing peer venv (pinned, through ``benchmarks/_peers.py``); quick
+    mode uses one only if it is already there. Returns the timed peers as ``_measure``
+    does, and one status row per peer (timed, or why not).
+    """
+    from benchmarks._peers import PeerRunError, ensure_peer_venv, peer_venv_problem, run_peer
+
+    timed: dict[str, tuple[float, list[float]]] = {}
+    status: list[dict[str, Any]] = []
+    for name, (script, venv, _) in PEERS.items():
+        row = {"peer": name, "venv": f"_venvs/{venv}", "driver": f"peers/{script}.py"}
+        try:
+            if quick and (problem := peer_venv_problem(venv)) is not None:
+                status.append({**row, "status": f"skipped (quick mode builds no venv): {problem}"})
+                continue
+            ensure_peer_venv(venv)
+            out = run_peer(script, venv=venv, timeout=1800, **_peer_params(p, name, urls))
+        except PeerRunError as exc:
+            status.append({**row, "status": f"failed: {str(exc).splitlines()[0][:200]}"})
+            continue
+        each = [float(x) for x in out["episode_s"]]
+        if len(each) != p["episodes"]:
+            raise RuntimeError(f"{script} reported {len(each)} episodes, not {p['episodes']}")
+        timed[name] = (float(out["wall_s"]), each)
+        walls = ", ".join(f"{w:.2f}" for w in out["round_walls_s"])
+        status.append({**row, "status": f"timed (measured rounds' wall s: {walls})"})
+    for name, why in NOT_TIMED.items():
+        status.append({"peer": name, "venv": "-", "driver": "-", "status": f"not timed: {why}"})
+    return timed, status
+
+
+def _rows(p: dict[str, Any], runs: dict[str, tuple[float, list[float]]]) -> list[dict[str, Any]]:
+    """The table: each driver's wall time, % of ideal and overhead per turn (first: raw)."""
+    lat = _latencies(p)
+    ideal_each = [sum(row) + (p["turns"] + 1) * p["model_ms"] / 1000.0 for row in lat]
+    ideal_wall = max(ideal_each)
+    turns = p["turns"] + 1
+    rows = []
     raw_overhead = None
-    for name in drivers:
-        wall, each = best[name]
+    for name, (wall, each) in runs.items():
         overhead = float(np.mean([m - i for m, i in zip(each, ideal_each)])) / turns * 1e6
         if raw_overhead is None:
             raw_overhead = overhead
@@ -226,43 +323,6 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
     return rows
 
 
-#: peer venvs and what in them would be the comparable tool-calling env
-_PEERS = {
-    "verifiers": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
-    "verifiers031": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
-    "torchrl": (
-        "torchrl",
-        "import torchrl as m; from torchrl.envs.llm import ChatEnv; "
-        "from torchrl.envs.llm.transforms import ExecuteToolsInOrder",
-    ),
-}
-
-
-def peer_status() -> list[dict[str, Any]]:
-    """For each peer venv: installed or not, its version, whether its tool-calling env
-    imports (checked in the venv's own interpreter), and that it was not timed."""
-    import subprocess
-
-    rows = []
-    for venv, (package, probe) in _PEERS.items():
-        python = ROOT / "benchmarks" / "_venvs" / venv / "bin" / "python"
-        row: dict[str, Any] = {"venv": f"_venvs/{venv}", "package": package}
-        if not python.exists():
-            rows.append({**row, "version": "-", "tool_env_imports": "no venv", "timed": "no"})
-            continue
-        code = f"import importlib.metadata as md; print(md.version({package!r}))\n"
-        version = subprocess.run(
-            [str(python), "-c", code], capture_output=True, text=True, timeout=300
-        ).stdout.strip()
-        probed = subprocess.run(
-            [str(python), "-c", probe], capture_output=True, text=True, timeout=300
-        )
-        last = (probed.stderr.strip().splitlines() or [""])[-1]
-        status = "yes" if probed.returncode == 0 else last[:70]
-        rows.append({**row, "version": version or "-", "tool_env_imports": status, "timed": "no"})
-    return rows
-
-
 def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
     p = dict(QUICK if quick else FULL)
     ctx = multiprocessing.get_context("spawn")
@@ -273,20 +333,22 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
         if not parent.poll(120):
             raise RuntimeError("the benchmark's server process did not start")
         urls = parent.recv()
-        rows = asyncio.run(_measure(p, urls))
+        runs = asyncio.run(_measure(p, urls))
+        # the peers after aenv, against the same servers (still up), one at a time
+        peers, status = run_peers(p, urls, quick=quick)
     finally:
         parent.send("stop")
         server.join(30)
         if server.is_alive():
             server.kill()
+    rows = _rows(p, {**runs, **peers})
     print_table(
         f"{p['episodes']} tool-calling episodes, {p['turns']} tool turns + answer, "
         f"tool latency {p['tool_ms'][0]}-{p['tool_ms'][1]} ms, model {p['model_ms']} ms",
         rows,
     )
-    peers = peer_status()
-    print_table("peers (see the module doc)", peers)
-    return {"": rows, "peers": peers}
+    print_table("peers (see the module doc)", status)
+    return {"": rows, "peers": status}
 
 
 if __name__ == "__main__":
