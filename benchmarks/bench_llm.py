@@ -1,4 +1,4 @@
-"""Tool-calling episodes: aenv's framework overhead per turn, against a raw asyncio loop.
+"""Tool-calling episodes: framework overhead per turn of aenv, verifiers and TorchRL, against a raw loop.
 
 ``episodes`` concurrent episodes, each ``turns`` tool turns and a final answer: the model
 (a fake OpenAI-compatible server on loopback, ``model_ms`` per completion) asks for one call
@@ -6,7 +6,7 @@ of a ``remote`` tool; the tool awaits a loopback tool server whose latency the c
 (log-uniform in ``tool_ms``, fixed per episode and turn by ``seed``). Both servers run in a
 process of their own, so their CPU does not count against the loop being measured.
 
-Three drivers run the same episodes with the same ``ChatClient``:
+Three aenv drivers run the same episodes with the same ``ChatClient``:
 
 - ``raw loop``: no aenv env, a list of message dicts, the tool called directly (the
   floor: HTTP, JSON and asyncio costs any framework pays);
@@ -15,31 +15,53 @@ Three drivers run the same episodes with the same ``ChatClient``:
 - ``ToolEnv in AsyncEnvPool``: the same envs in a coroutine ``AsyncEnvPool``, each episode
   awaiting its own env's steps (``pool.step_one``).
 
+Then, in the same run and against the same two servers (still up), each peer's own
+tool-calling env runs in its own venv, as a subprocess, one at a time (``PEERS``; drivers in
+``benchmarks/peers/``, each documenting how it drives its library):
+
+- ``verifiers 0.3.1 ToolEnv.rollout`` (``peers/verifiers_tool_env.py``, venv
+  ``_venvs/verifiers031``): one ``vf.ToolEnv(tools=[remote])``, the tool an async function
+  POSTing to the tool server (``httpx``), the model reached through verifiers'
+  ``OpenAIChatCompletionsClient`` around ``openai.AsyncOpenAI``; each episode one
+  ``await env.rollout(...)``, all gathered on one loop (``env.generate`` without scoring).
+- ``TorchRL 0.14.1 ChatEnv(batch) + ExecuteToolsInOrder`` (``peers/torchrl_chat_tools.py``,
+  venv ``_venvs/torchrl``): one ``ChatEnv(batch_size=(episodes,))`` with the
+  ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), driven by
+  ``env.rollout``, TorchRL's own loop. Its tools are sync callables the transform runs
+  inside ``env.step``, item after item, so a turn's tool latencies add up over the batch.
+- ``TorchRL 0.14.1 AsyncEnvPool(ChatEnv + ExecuteToolsInOrder)`` (same script): TorchRL's
+  own answer to slow envs, an ``AsyncEnvPool`` (threads) of ``episodes`` one-episode
+  ChatEnvs, driven by its ``async_step_send`` / ``async_step_recv`` loop, so the tools of
+  different episodes overlap.
+
+TorchRL has no client for OpenAI-compatible servers: its policy stands in for a batched
+generation wrapper (vLLM's, Transformers'), sending the prompts it is given to the model
+server at once (a thread each, keep-alive connections). Why the comparison is fair: the
+same model server (same latency per completion), the same tool server and the same tool
+latency per episode and turn, the same episode count, turns and final answer; each
+driver's episodes must come back with every tool result and the answer or the run fails.
+The model writes each framework's own call syntax (aenv's ``<tool_call>`` JSON, TorchRL's
+``<tool name=...>``, OpenAI ``tool_calls`` for verifiers), chosen by the prompt's first
+word. Each framework's HTTP client is its own (aenv's ``httpx``-based ``ChatClient``;
+verifiers' ``openai`` client and an ``httpx`` tool call; TorchRL a stdlib keep-alive
+connection per thread): that is part of what its users pay. Rounds: aenv's drivers and
+verifiers warm up once, then the best of ``rounds``; TorchRL's batched env warms up on 4
+episodes and runs one measured round (minutes at full size, dominated by its summed tool
+latencies).
+
+Peers looked at and not timed: verifiers 0.4.0, the newest, installs but has no
+``ToolEnv`` (its stack is ``verifiers.v1``: tasksets, harnesses and runtimes behind its own
+CLI and configs, with no entry point taking a list of tools and an OpenAI client); 0.3.1 is
+its last release with one. A full run builds a missing peer venv from the pins in
+``benchmarks/_peers.py`` (verifiers 0.3.1: about 3 min here); ``--quick`` (CI) uses a peer
+venv only if it is already there and otherwise says why it skipped it.
+
 Reported: wall time, the ideal (the slowest episode's sum of latencies: a zero-cost
 framework), % of ideal, and overhead per turn in µs (the mean over episodes of measured
-minus ideal episode time, per turn), and aenv's extra cost per turn over the raw loop.
-
-Peers (issue 18 asks for verifiers' ``ToolEnv`` or TorchRL's chat env with tools in the same
-run, each in its own venv) are not timed yet; what each is, here, is checked on every run and
-printed as the ``peers`` table (from the venvs under ``benchmarks/_venvs/``):
-
-- verifiers: ``pip install verifiers`` into ``benchmarks/_venvs/verifiers`` works (0.4.0,
-  ~100 packages, transformers/openai/anthropic/mcp, no torch, ~3 min here), but 0.4.0 has no
-  ``ToolEnv``: its package root exports nothing and its stack is ``verifiers.v1`` (tasksets,
-  harnesses, runtimes behind its own CLI and configs), with no entry point that takes a list
-  of tools and an OpenAI-compatible client as the drivers above do. The last release before
-  that rewrite, 0.3.1, installs into ``benchmarks/_venvs/verifiers031`` (~6 min here, with
-  pyarrow and datasets) and has ``ToolEnv(tools=[...], max_turns=...)`` with an async
-  ``rollout(input, client, model, sampling_args)``: a same-workload driver against the
-  loopback servers is possible there (its tool calls are OpenAI ``tool_calls``, which the
-  fake server can return) and is the next step; it was not written in the session that
-  found this.
-- TorchRL 0.14.1 (``benchmarks/_venvs/torchrl``) has ``torchrl.envs.llm.ChatEnv`` with the
-  ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), usable in history
-  mode without a tokenizer download. Its tools are plain sync callables run in order, item by
-  item, inside the batched env's step, so the batch's tool latencies add up (256 episodes x
-  3 turns x ~100 ms mean ~ 80 s a round, against ~1.3 s ideal); a driver for it was not
-  written yet either.
+minus ideal episode time, per turn), and each driver's extra cost per turn over the raw
+loop (the first row). The raw loop runs again after the peers (last row): how far it
+moved says how much the machine's load changed during the run. The ``peers`` table says, per peer, that it was timed (and each round's wall time)
+or why not.
 
 Run: ``python benchmarks/bench_llm.py [--quick]``
 """
@@ -188,9 +210,10 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
 
 
 async def _measure(
-    p: dict[str, Any], urls: tuple[str, str]
+    p: dict[str, Any], urls: tuple[str, str], only: tuple[str, ...] | None = None
 ) -> dict[str, tuple[float, list[float]]]:
-    """aenv's drivers and the raw loop: name -> (best wall time, that round's episode times)."""
+    """aenv's drivers and the raw loop (or the ``only`` ones): name -> (best wall time, that
+    round's episode times)."""
     from aenv.llm import ChatClient, FunctionTool
 
     model_url, tool_url = urls
@@ -204,13 +227,15 @@ async def _measure(
 
     tools = [FunctionTool(remote, name="remote")]
     drivers = {"raw loop": _raw, "ToolEnv": _direct, "ToolEnv in AsyncEnvPool": _pooled}
+    drivers = {k: v for k, v in drivers.items() if only is None or k in only}
     best: dict[str, tuple[float, list[float]]] = {}
     try:
         async with ChatClient(model_url, max_concurrency=None, timeout=120) as client:
             # one client and its warm connections for every driver; the first round warms
             # up (connections, imports), then the best of ``rounds`` in rotating order
             for r in range(p["rounds"] + 1):
-                names = list(drivers)[r % 3 :] + list(drivers)[: r % 3]
+                k = r % len(drivers)
+                names = list(drivers)[k:] + list(drivers)[:k]
                 for name in names:
                     driver = drivers[name]
                     t0 = time.perf_counter()
@@ -336,6 +361,10 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
         runs = asyncio.run(_measure(p, urls))
         # the peers after aenv, against the same servers (still up), one at a time
         peers, status = run_peers(p, urls, quick=quick)
+        if peers:
+            # the raw loop again: the machine's load may have changed while the peers ran
+            (again,) = asyncio.run(_measure(p, urls, only=("raw loop",))).values()
+            peers["raw loop, again after the peers"] = again
     finally:
         parent.send("stop")
         server.join(30)
