@@ -294,6 +294,9 @@ def run_peers(
     A full run builds a missing peer venv (pinned, through ``benchmarks/_peers.py``); quick
     mode uses one only if it is already there. Returns the timed peers as ``_measure``
     does, and one status row per peer (timed, or why not).
+
+    Raises:
+        PeerRunError: a driver failed in a peer venv that is there and imports.
     """
     from benchmarks._peers import PeerRunError, ensure_peer_venv, peer_venv_problem, run_peer
 
@@ -301,15 +304,16 @@ def run_peers(
     status: list[dict[str, Any]] = []
     for name, (script, venv, _) in PEERS.items():
         row = {"peer": name, "venv": f"_venvs/{venv}", "driver": f"peers/{script}.py"}
-        try:
-            if quick and (problem := peer_venv_problem(venv)) is not None:
-                status.append({**row, "status": f"skipped (quick mode builds no venv): {problem}"})
-                continue
-            ensure_peer_venv(venv)
-            out = run_peer(script, venv=venv, timeout=1800, **_peer_params(p, name, urls))
-        except PeerRunError as exc:
-            status.append({**row, "status": f"failed: {str(exc).splitlines()[0][:200]}"})
+        if quick and (problem := peer_venv_problem(venv)) is not None:
+            status.append({**row, "status": f"skipped (quick mode builds no venv): {problem}"})
             continue
+        try:
+            ensure_peer_venv(venv)
+        except PeerRunError as exc:  # no network, no wheel: say so, time the others
+            status.append({**row, "status": f"venv not built: {str(exc).splitlines()[0][:200]}"})
+            continue
+        # a driver that fails on a working venv is a bug: it raises (CI's quick run sees it)
+        out = run_peer(script, venv=venv, timeout=1800, **_peer_params(p, name, urls))
         each = [float(x) for x in out["episode_s"]]
         if len(each) != p["episodes"]:
             raise RuntimeError(f"{script} reported {len(each)} episodes, not {p['episodes']}")
