@@ -35,6 +35,7 @@ __all__ = [
     "PeerRunError",
     "PeerVenv",
     "ensure_peer_venv",
+    "peer_venv_problem",
     "peer_versions",
     "run_peer",
 ]
@@ -99,6 +100,19 @@ PEER_VENVS: dict[str, PeerVenv] = {
         ),
         check="import torch, torchrl, tensordict, gymnasium, numpy; from torchrl.envs import AsyncEnvPool",
     ),
+    # verifiers 0.3.1: the last release with a ``ToolEnv`` (0.4.0 dropped it); bench_llm
+    # drives it against its loopback model and tool servers. No torch; openai, httpx and
+    # datasets pinned at the versions the measured run used.
+    "verifiers031": PeerVenv(
+        name="verifiers031",
+        requirements=(
+            "verifiers==0.3.1",
+            "openai==3.57.0",
+            "httpx==0.28.1",
+            "datasets==5.2.0",
+        ),
+        check="import verifiers as vf, openai, httpx, datasets; vf.ToolEnv",
+    ),
     # EnvPool ships C++ envs in a manylinux wheel (cp311 here); no torch needed.
     "envpool": PeerVenv(
         name="envpool",
@@ -129,15 +143,32 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _venv_ok(venv: PeerVenv) -> bool:
-    if not venv.python.exists() or not venv.stamp.exists():
-        return False
-    if venv.stamp.read_text().split() != list(venv.requirements):
-        return False
+def peer_venv_problem(name: str) -> str | None:
+    """Says why the peer venv ``name`` cannot be used as it is, or None when it can.
+
+    Builds nothing: for runs that use a peer venv only where one is already there (quick
+    mode in CI). Ready means: its python exists, it was built from the pinned requirements
+    (its stamp matches) and its check imports work.
+
+    Raises:
+        KeyError: ``name`` is not a known peer venv.
+    """
+    venv = PEER_VENVS[name]
+    if not venv.python.exists():
+        return f"no venv at {venv.path}"
+    if not venv.stamp.exists() or venv.stamp.read_text().split() != list(venv.requirements):
+        return f"{venv.path} was not built from the pins ({', '.join(venv.requirements)})"
     probe = subprocess.run(
         [str(venv.python), "-c", venv.check], capture_output=True, text=True, timeout=300
     )
-    return probe.returncode == 0
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"imports fail in {venv.path}: {last[:200]}"
+    return None
+
+
+def _venv_ok(venv: PeerVenv) -> bool:
+    return peer_venv_problem(venv.name) is None
 
 
 def _run_step(cmd: list[str], quiet: bool, what: str) -> None:

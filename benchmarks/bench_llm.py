@@ -1,4 +1,4 @@
-"""Tool-calling episodes: aenv's framework overhead per turn, against a raw asyncio loop.
+"""Tool-calling episodes: framework overhead per turn of aenv, verifiers and TorchRL, against a raw loop.
 
 ``episodes`` concurrent episodes, each ``turns`` tool turns and a final answer: the model
 (a fake OpenAI-compatible server on loopback, ``model_ms`` per completion) asks for one call
@@ -6,7 +6,7 @@ of a ``remote`` tool; the tool awaits a loopback tool server whose latency the c
 (log-uniform in ``tool_ms``, fixed per episode and turn by ``seed``). Both servers run in a
 process of their own, so their CPU does not count against the loop being measured.
 
-Three drivers run the same episodes with the same ``ChatClient``:
+Three aenv drivers run the same episodes with the same ``ChatClient``:
 
 - ``raw loop``: no aenv env, a list of message dicts, the tool called directly (the
   floor: HTTP, JSON and asyncio costs any framework pays);
@@ -15,31 +15,53 @@ Three drivers run the same episodes with the same ``ChatClient``:
 - ``ToolEnv in AsyncEnvPool``: the same envs in a coroutine ``AsyncEnvPool``, each episode
   awaiting its own env's steps (``pool.step_one``).
 
+Then, in the same run and against the same two servers (still up), each peer's own
+tool-calling env runs in its own venv, as a subprocess, one at a time (``PEERS``; drivers in
+``benchmarks/peers/``, each documenting how it drives its library):
+
+- ``verifiers 0.3.1 ToolEnv.rollout`` (``peers/verifiers_tool_env.py``, venv
+  ``_venvs/verifiers031``): one ``vf.ToolEnv(tools=[remote])``, the tool an async function
+  POSTing to the tool server (``httpx``), the model reached through verifiers'
+  ``OpenAIChatCompletionsClient`` around ``openai.AsyncOpenAI``; each episode one
+  ``await env.rollout(...)``, all gathered on one loop (``env.generate`` without scoring).
+- ``TorchRL 0.14.1 ChatEnv(batch) + ExecuteToolsInOrder`` (``peers/torchrl_chat_tools.py``,
+  venv ``_venvs/torchrl``): one ``ChatEnv(batch_size=(episodes,))`` with the
+  ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), driven by
+  ``env.rollout``, TorchRL's own loop. Its tools are sync callables the transform runs
+  inside ``env.step``, item after item, so a turn's tool latencies add up over the batch.
+- ``TorchRL 0.14.1 AsyncEnvPool(ChatEnv + ExecuteToolsInOrder)`` (same script): TorchRL's
+  own answer to slow envs, an ``AsyncEnvPool`` (threads) of ``episodes`` one-episode
+  ChatEnvs, driven by its ``async_step_send`` / ``async_step_recv`` loop, so the tools of
+  different episodes overlap.
+
+TorchRL has no client for OpenAI-compatible servers: its policy stands in for a batched
+generation wrapper (vLLM's, Transformers'), sending the prompts it is given to the model
+server at once (a thread each, keep-alive connections). Why the comparison is fair: the
+same model server (same latency per completion), the same tool server and the same tool
+latency per episode and turn, the same episode count, turns and final answer; each
+driver's episodes must come back with every tool result and the answer or the run fails.
+The model writes each framework's own call syntax (aenv's ``<tool_call>`` JSON, TorchRL's
+``<tool name=...>``, OpenAI ``tool_calls`` for verifiers), chosen by the prompt's first
+word. Each framework's HTTP client is its own (aenv's ``httpx``-based ``ChatClient``;
+verifiers' ``openai`` client and an ``httpx`` tool call; TorchRL a stdlib keep-alive
+connection per thread): that is part of what its users pay. Rounds: aenv's drivers and
+verifiers warm up once, then the best of ``rounds``; TorchRL's batched env warms up on 4
+episodes and runs one measured round (minutes at full size, dominated by its summed tool
+latencies).
+
+Peers looked at and not timed: verifiers 0.4.0, the newest, installs but has no
+``ToolEnv`` (its stack is ``verifiers.v1``: tasksets, harnesses and runtimes behind its own
+CLI and configs, with no entry point taking a list of tools and an OpenAI client); 0.3.1 is
+its last release with one. A full run builds a missing peer venv from the pins in
+``benchmarks/_peers.py`` (verifiers 0.3.1: about 3 min here); ``--quick`` (CI) uses a peer
+venv only if it is already there and otherwise says why it skipped it.
+
 Reported: wall time, the ideal (the slowest episode's sum of latencies: a zero-cost
 framework), % of ideal, and overhead per turn in µs (the mean over episodes of measured
-minus ideal episode time, per turn), and aenv's extra cost per turn over the raw loop.
-
-Peers (issue 18 asks for verifiers' ``ToolEnv`` or TorchRL's chat env with tools in the same
-run, each in its own venv) are not timed yet; what each is, here, is checked on every run and
-printed as the ``peers`` table (from the venvs under ``benchmarks/_venvs/``):
-
-- verifiers: ``pip install verifiers`` into ``benchmarks/_venvs/verifiers`` works (0.4.0,
-  ~100 packages, transformers/openai/anthropic/mcp, no torch, ~3 min here), but 0.4.0 has no
-  ``ToolEnv``: its package root exports nothing and its stack is ``verifiers.v1`` (tasksets,
-  harnesses, runtimes behind its own CLI and configs), with no entry point that takes a list
-  of tools and an OpenAI-compatible client as the drivers above do. The last release before
-  that rewrite, 0.3.1, installs into ``benchmarks/_venvs/verifiers031`` (~6 min here, with
-  pyarrow and datasets) and has ``ToolEnv(tools=[...], max_turns=...)`` with an async
-  ``rollout(input, client, model, sampling_args)``: a same-workload driver against the
-  loopback servers is possible there (its tool calls are OpenAI ``tool_calls``, which the
-  fake server can return) and is the next step; it was not written in the session that
-  found this.
-- TorchRL 0.14.1 (``benchmarks/_venvs/torchrl``) has ``torchrl.envs.llm.ChatEnv`` with the
-  ``ExecuteToolsInOrder`` transform (``ToolRegistry``, ``XMLBlockParser``), usable in history
-  mode without a tokenizer download. Its tools are plain sync callables run in order, item by
-  item, inside the batched env's step, so the batch's tool latencies add up (256 episodes x
-  3 turns x ~100 ms mean ~ 80 s a round, against ~1.3 s ideal); a driver for it was not
-  written yet either.
+minus ideal episode time, per turn), and each driver's extra cost per turn over the raw
+loop (the first row). The raw loop runs again after the peers (last row): how far it
+moved says how much the machine's load changed during the run. The ``peers`` table says, per peer, that it was timed (and each round's wall time)
+or why not.
 
 Run: ``python benchmarks/bench_llm.py [--quick]``
 """
@@ -75,14 +97,31 @@ def _latencies(p: dict[str, Any]) -> list[list[float]]:
     return np.exp(rng.uniform(lo, hi, size=(p["episodes"], p["turns"]))).tolist()
 
 
+def _prompt(dialect: str, episode: int) -> str:
+    """An episode's prompt: it names the tool-call syntax the driver's parser reads."""
+    return f"{dialect} episode {episode}"
+
+
 def _model(p: dict[str, Any], lat: list[list[float]]) -> Any:
+    """The fake model: ``turns`` calls of ``remote`` (this episode's latencies), then an
+    answer. The prompt's first word picks the call syntax of the driver's framework; the
+    calls, their arguments and the turn count are the same for every syntax."""
+
     def model(request: dict[str, Any], index: int) -> dict[str, Any]:
         msgs = request["messages"]
-        episode = int(msgs[0]["content"].split()[-1])
+        dialect, _, episode = next(m for m in msgs if m["role"] == "user")["content"].split()
         turn = sum(m["role"] == "tool" for m in msgs)
         if turn >= p["turns"]:
             return {"content": f"done after {turn} calls"}
-        call = {"name": "remote", "arguments": {"seconds": lat[episode][turn]}}
+        args = {"seconds": lat[int(episode)][turn]}
+        if dialect == "openai":  # verifiers: OpenAI function calling
+            call = {"name": "remote", "arguments": json.dumps(args)}
+            return {
+                "tool_calls": [{"id": f"c{episode}-{turn}", "type": "function", "function": call}]
+            }
+        if dialect == "torchrl":  # TorchRL's XMLBlockParser
+            return {"content": f'<tool name="remote">{json.dumps(args)}</tool>'}
+        call = {"name": "remote", "arguments": args}  # aenv's XMLTagParser
         return {"content": f"<tool_call>{json.dumps(call)}</tool_call>"}
 
     return model
@@ -108,7 +147,7 @@ async def _raw(p: dict[str, Any], client: Any, remote: Any) -> list[float]:
 
     async def episode(e: int) -> float:
         start = time.perf_counter()
-        msgs: list[dict[str, Any]] = [{"role": "user", "content": f"episode {e}"}]
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": _prompt("aenv", e)}]
         while True:
             reply = await client.chat(msgs)
             msgs.append({"role": "assistant", "content": reply.message.content})
@@ -131,7 +170,7 @@ async def _direct(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
     async def episode(e: int) -> float:
         env = ToolEnv(tools, max_turns=p["turns"] + 1)
         start = time.perf_counter()
-        td = await env.reset(TensorDict(prompt=NonTensorData(f"episode {e}")))
+        td = await env.reset(TensorDict(prompt=NonTensorData(_prompt("aenv", e))))
         while True:
             reply = await client.chat(get_data(td, "history"))
             out = await env.step(td.set("response", NonTensorData(reply.message)))
@@ -153,7 +192,7 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
         start = time.perf_counter()
         first = await pool.reset(
             TensorDict(
-                prompt=NonTensorStack.from_list([f"episode {e}" for e in range(n)]),
+                prompt=NonTensorStack.from_list([_prompt("aenv", e) for e in range(n)]),
                 batch_size=[n],
             )
         )
@@ -170,15 +209,14 @@ async def _pooled(p: dict[str, Any], client: Any, tools: list[Any]) -> list[floa
         return list(await asyncio.gather(*(episode(e) for e in range(n))))
 
 
-async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, Any]]:
+async def _measure(
+    p: dict[str, Any], urls: tuple[str, str], only: tuple[str, ...] | None = None
+) -> dict[str, tuple[float, list[float]]]:
+    """aenv's drivers and the raw loop (or the ``only`` ones): name -> (best wall time, that
+    round's episode times)."""
     from aenv.llm import ChatClient, FunctionTool
 
     model_url, tool_url = urls
-    lat = _latencies(p)
-    ideal_each = [sum(row) + (p["turns"] + 1) * p["model_ms"] / 1000.0 for row in lat]
-    ideal_wall = max(ideal_each)
-    turns = p["turns"] + 1
-    rows = []
     # the tool server is a second fake server, reached through a ChatClient of its own
     tool_client = ChatClient(tool_url, max_concurrency=None, timeout=120)
 
@@ -189,13 +227,15 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
 
     tools = [FunctionTool(remote, name="remote")]
     drivers = {"raw loop": _raw, "ToolEnv": _direct, "ToolEnv in AsyncEnvPool": _pooled}
+    drivers = {k: v for k, v in drivers.items() if only is None or k in only}
     best: dict[str, tuple[float, list[float]]] = {}
     try:
         async with ChatClient(model_url, max_concurrency=None, timeout=120) as client:
             # one client and its warm connections for every driver; the first round warms
             # up (connections, imports), then the best of ``rounds`` in rotating order
             for r in range(p["rounds"] + 1):
-                names = list(drivers)[r % 3 :] + list(drivers)[: r % 3]
+                k = r % len(drivers)
+                names = list(drivers)[k:] + list(drivers)[:k]
                 for name in names:
                     driver = drivers[name]
                     t0 = time.perf_counter()
@@ -205,9 +245,95 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
                         best[name] = (wall, each)
     finally:
         await tool_client.aclose()
+    return {name: best[name] for name in drivers}
+
+
+# ---------------------------------------------------------------- peers
+#: the peers' drivers: row name -> (``benchmarks/peers/<script>.py``, its venv, its params)
+PEERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "verifiers 0.3.1 ToolEnv.rollout": ("verifiers_tool_env", "verifiers031", {}),
+    "TorchRL 0.14.1 ChatEnv(batch) + ExecuteToolsInOrder": (
+        "torchrl_chat_tools",
+        "torchrl",
+        {"mode": "batch"},
+    ),
+    "TorchRL 0.14.1 AsyncEnvPool(ChatEnv + ExecuteToolsInOrder)": (
+        "torchrl_chat_tools",
+        "torchrl",
+        {"mode": "pool"},
+    ),
+}
+
+#: peers looked at and not timed, with why
+NOT_TIMED = {
+    "verifiers 0.4.0 (newest)": (
+        "installs (benchmarks/_venvs/verifiers), but has no ToolEnv: its stack is verifiers.v1 "
+        "(tasksets, harnesses, runtimes behind its CLI), with no entry point that takes a "
+        "list of tools and an OpenAI client; 0.3.1, its last release with ToolEnv, is timed"
+    ),
+}
+
+
+def _peer_params(p: dict[str, Any], peer: str, urls: tuple[str, str]) -> dict[str, Any]:
+    """The params of ``peer``'s driver: this run's sizes and the servers' URLs."""
+    extra = PEERS[peer][2]
+    base = {"model_url": urls[0], "tool_url": urls[1], "episodes": p["episodes"]}
+    base.update(turns=p["turns"], rounds=p["rounds"], **extra)
+    if extra.get("mode") == "batch":
+        # one measured round (after a 4-episode warm-up batch): its tools run one after
+        # another, so a full round takes minutes and its noise is small beside its cost
+        base.update(rounds=1, warmup=4)
+    return base
+
+
+def run_peers(
+    p: dict[str, Any], urls: tuple[str, str], *, quick: bool
+) -> tuple[dict[str, tuple[float, list[float]]], list[dict[str, Any]]]:
+    """Runs each peer's driver in its venv against the servers at ``urls``.
+
+    A full run builds a missing peer venv (pinned, through ``benchmarks/_peers.py``); quick
+    mode uses one only if it is already there. Returns the timed peers as ``_measure``
+    does, and one status row per peer (timed, or why not).
+
+    Raises:
+        PeerRunError: a driver failed in a peer venv that is there and imports.
+    """
+    from benchmarks._peers import PeerRunError, ensure_peer_venv, peer_venv_problem, run_peer
+
+    timed: dict[str, tuple[float, list[float]]] = {}
+    status: list[dict[str, Any]] = []
+    for name, (script, venv, _) in PEERS.items():
+        row = {"peer": name, "venv": f"_venvs/{venv}", "driver": f"peers/{script}.py"}
+        if quick and (problem := peer_venv_problem(venv)) is not None:
+            status.append({**row, "status": f"skipped (quick mode builds no venv): {problem}"})
+            continue
+        try:
+            ensure_peer_venv(venv)
+        except PeerRunError as exc:  # no network, no wheel: say so, time the others
+            status.append({**row, "status": f"venv not built: {str(exc).splitlines()[0][:200]}"})
+            continue
+        # a driver that fails on a working venv is a bug: it raises (CI's quick run sees it)
+        out = run_peer(script, venv=venv, timeout=1800, **_peer_params(p, name, urls))
+        each = [float(x) for x in out["episode_s"]]
+        if len(each) != p["episodes"]:
+            raise RuntimeError(f"{script} reported {len(each)} episodes, not {p['episodes']}")
+        timed[name] = (float(out["wall_s"]), each)
+        walls = ", ".join(f"{w:.2f}" for w in out["round_walls_s"])
+        status.append({**row, "status": f"timed (measured rounds' wall s: {walls})"})
+    for name, why in NOT_TIMED.items():
+        status.append({"peer": name, "venv": "-", "driver": "-", "status": f"not timed: {why}"})
+    return timed, status
+
+
+def _rows(p: dict[str, Any], runs: dict[str, tuple[float, list[float]]]) -> list[dict[str, Any]]:
+    """The table: each driver's wall time, % of ideal and overhead per turn (first: raw)."""
+    lat = _latencies(p)
+    ideal_each = [sum(row) + (p["turns"] + 1) * p["model_ms"] / 1000.0 for row in lat]
+    ideal_wall = max(ideal_each)
+    turns = p["turns"] + 1
+    rows = []
     raw_overhead = None
-    for name in drivers:
-        wall, each = best[name]
+    for name, (wall, each) in runs.items():
         overhead = float(np.mean([m - i for m, i in zip(each, ideal_each)])) / turns * 1e6
         if raw_overhead is None:
             raw_overhead = overhead
@@ -226,43 +352,6 @@ async def _measure(p: dict[str, Any], urls: tuple[str, str]) -> list[dict[str, A
     return rows
 
 
-#: peer venvs and what in them would be the comparable tool-calling env
-_PEERS = {
-    "verifiers": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
-    "verifiers031": ("verifiers", "import verifiers as m; from verifiers import ToolEnv"),
-    "torchrl": (
-        "torchrl",
-        "import torchrl as m; from torchrl.envs.llm import ChatEnv; "
-        "from torchrl.envs.llm.transforms import ExecuteToolsInOrder",
-    ),
-}
-
-
-def peer_status() -> list[dict[str, Any]]:
-    """For each peer venv: installed or not, its version, whether its tool-calling env
-    imports (checked in the venv's own interpreter), and that it was not timed."""
-    import subprocess
-
-    rows = []
-    for venv, (package, probe) in _PEERS.items():
-        python = ROOT / "benchmarks" / "_venvs" / venv / "bin" / "python"
-        row: dict[str, Any] = {"venv": f"_venvs/{venv}", "package": package}
-        if not python.exists():
-            rows.append({**row, "version": "-", "tool_env_imports": "no venv", "timed": "no"})
-            continue
-        code = f"import importlib.metadata as md; print(md.version({package!r}))\n"
-        version = subprocess.run(
-            [str(python), "-c", code], capture_output=True, text=True, timeout=300
-        ).stdout.strip()
-        probed = subprocess.run(
-            [str(python), "-c", probe], capture_output=True, text=True, timeout=300
-        )
-        last = (probed.stderr.strip().splitlines() or [""])[-1]
-        status = "yes" if probed.returncode == 0 else last[:70]
-        rows.append({**row, "version": version or "-", "tool_env_imports": status, "timed": "no"})
-    return rows
-
-
 def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
     p = dict(QUICK if quick else FULL)
     ctx = multiprocessing.get_context("spawn")
@@ -273,20 +362,26 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
         if not parent.poll(120):
             raise RuntimeError("the benchmark's server process did not start")
         urls = parent.recv()
-        rows = asyncio.run(_measure(p, urls))
+        runs = asyncio.run(_measure(p, urls))
+        # the peers after aenv, against the same servers (still up), one at a time
+        peers, status = run_peers(p, urls, quick=quick)
+        if peers:
+            # the raw loop again: the machine's load may have changed while the peers ran
+            (again,) = asyncio.run(_measure(p, urls, only=("raw loop",))).values()
+            peers["raw loop, again after the peers"] = again
     finally:
         parent.send("stop")
         server.join(30)
         if server.is_alive():
             server.kill()
+    rows = _rows(p, {**runs, **peers})
     print_table(
         f"{p['episodes']} tool-calling episodes, {p['turns']} tool turns + answer, "
         f"tool latency {p['tool_ms'][0]}-{p['tool_ms'][1]} ms, model {p['model_ms']} ms",
         rows,
     )
-    peers = peer_status()
-    print_table("peers (see the module doc)", peers)
-    return {"": rows, "peers": peers}
+    print_table("peers (see the module doc)", status)
+    return {"": rows, "peers": status}
 
 
 if __name__ == "__main__":
