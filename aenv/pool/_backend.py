@@ -83,17 +83,19 @@ preallocated rows); failures on those paths go through the same restart as a tic
     Returns one outcome per index, in order. Backends without one leave
     ``has_run_batch = False``.
 
-``async run_stacked(op, tensordict, step_timeout)`` (optional, ``has_run_stacked``)
+``async run_stacked(op, tensordict, step_timeout, indices=None)`` (optional, ``has_run_stacked``)
     A faster path still for a whole-batch ``"step"`` or ``"step_and_maybe_reset"`` on
-    every env: the inputs are the pool's stacked ``tensordict`` (no per-env split) and the
-    results come back stacked (:class:`Stacked`). Returns None, having started nothing,
-    when it cannot take this call (the pool then splits the batch); a list of per-env
-    outcomes (as :meth:`run_batch`'s) when some env failed or its result did not come back
-    stacked. It is made of five steps a caller may interleave to overlap consecutive
-    steps: ``stage_stacked(tensordict, bank) -> bool`` writes the inputs into one of two
-    banks (False: nothing written, split the batch), ``launch_stacked(op, bank,
-    step_timeout)`` starts the work on that bank's inputs (a call handle, or None: nothing
-    started), ``async wait_stacked(call)`` waits for it (None when the results are all in
+    every env, or on the envs ``indices`` only (a step with a ``"_step"`` mask): the inputs
+    are the pool's stacked ``tensordict`` (no per-env split) and the results come back
+    stacked (:class:`Stacked`, full-size: the rows of envs not in ``indices`` hold
+    whatever they held, and their reset flags are False). Returns None, having started
+    nothing, when it cannot take this call (the pool then splits the batch); a list of
+    per-env outcomes (as :meth:`run_batch`'s, one per index) when some env failed or its
+    result did not come back stacked. It is made of five steps a caller may interleave to
+    overlap consecutive steps: ``stage_stacked(tensordict, bank) -> bool`` writes the
+    inputs into one of two banks (False: nothing written, split the batch),
+    ``launch_stacked(op, bank, step_timeout, indices=None)`` starts the work on that
+    bank's inputs (a call handle, or None: nothing started), ``async wait_stacked(call)`` waits for it (None when the results are all in
     the bank, else per-env outcomes), ``read_stacked(call)`` reads them (before the bank is
     launched again), ``abandon_stacked(call)`` gives up a call nobody will wait for.
     ``chain_stacked(after, op, bank, step_timeout)`` is ``launch_stacked`` done by the
@@ -287,29 +289,40 @@ class Backend(abc.ABC):
         raise NotImplementedError
 
     async def run_stacked(
-        self, op: str, tensordict: TensorDictBase, step_timeout: float | None
+        self,
+        op: str,
+        tensordict: TensorDictBase,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
     ) -> Stacked | list[Any] | None:
-        """A stacked whole-batch ``op`` on every env (see the module docstring): stage the
-        inputs in bank 0, launch, wait, read."""
+        """A stacked whole-batch ``op`` on every env or on ``indices`` (see the module
+        docstring): stage the inputs in bank 0, launch, wait, read."""
         if not self.has_run_stacked or not self.stage_stacked(tensordict, 0):
             return None
-        call = self.launch_stacked(op, 0, step_timeout)
+        call = self.launch_stacked(op, 0, step_timeout, indices)
         if call is None:
             return None
         outcomes = await self.wait_stacked(call)
         if outcomes is not None:
-            return outcomes
+            return outcomes if indices is None else [outcomes[i] for i in indices]
         try:
             return self.read_stacked(call)
         except Exception as exc:
-            return [Failure(exc)] * len(self.env_fns)
+            return [Failure(exc)] * (len(self.env_fns) if indices is None else len(indices))
 
     def stage_stacked(self, tensordict: TensorDictBase, bank: int = 0) -> bool:
         """Write a whole batch's stacked inputs into ``bank``; see the module docstring."""
         return False
 
-    def launch_stacked(self, op: str, bank: int, step_timeout: float | None) -> Any:
-        """Start ``op`` on every env from ``bank``'s inputs; see the module docstring."""
+    def launch_stacked(
+        self,
+        op: str,
+        bank: int,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
+    ) -> Any:
+        """Start ``op`` on every env (or on ``indices``) from ``bank``'s inputs; see the
+        module docstring."""
         return None
 
     def chain_stacked(self, after: Any, op: str, bank: int, step_timeout: float | None) -> Any:

@@ -135,11 +135,15 @@ class CoroutineBackend(Backend):
 
     # ------------------------------------------------------------------ whole batch
     async def run_stacked(
-        self, op: str, tensordict: TensorDictBase, step_timeout: float | None
+        self,
+        op: str,
+        tensordict: TensorDictBase,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
     ) -> Stacked | list[Any] | None:
-        """A whole-batch step of every env, each writing into its rows (:mod:`aenv.pool._rows`):
-        taken when every env's step runs inline (sync, non-blocking, EnvBase's step); None,
-        with nothing started, otherwise."""
+        """A whole-batch step of every env (or of the envs ``indices``), each writing into
+        its rows (:mod:`aenv.pool._rows`): taken when every env's step runs inline (sync,
+        non-blocking, EnvBase's step); None, with nothing started, otherwise."""
         if op != "step" and op != "step_and_maybe_reset":
             return None
         rows = self._rows
@@ -149,24 +153,28 @@ class CoroutineBackend(Backend):
             return None
         staged = rows.stage(tensordict)
         if staged is not None:
-            inputs = staged
+            inputs = staged if indices is None else [staged[i] for i in indices]
         else:
             keys = [
                 k
                 # is_leaf_nontensor: non-tensor entries (a NonTensorStack of prompts) are leaves
                 for k in tensordict.keys(True, True, is_leaf=is_leaf_nontensor)
-                if k != "next" and not (type(k) is tuple and k[0] == "next")
+                # ("_step": the pool's mask, not an env input)
+                if k != "next" and k != "_step" and not (type(k) is tuple and k[0] == "next")
             ]
             if not all(type(k) is str for k in keys):
                 return None
             # each env's whole input row, as a bare env gets it
             inputs = split_inputs(
-                tensordict, range(len(self.envs)), keys, tensordict.batch_size[1:]
+                tensordict,
+                range(len(self.envs)) if indices is None else indices,
+                keys,
+                tensordict.batch_size[1:],
             )
-        if not rows.takes(self.envs, op, inputs, staged is not None):
+        if not rows.takes(self.envs, op, inputs, staged is not None, indices):
             return None
         try:
-            return rows.run(self.envs, op, inputs)
+            return rows.run(self.envs, op, inputs, indices)
         finally:
             if staged is not None:
                 rows.restore_inputs()

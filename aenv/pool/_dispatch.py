@@ -286,24 +286,25 @@ class _Dispatcher:
             t.timer = asyncio.get_running_loop().call_later(self.step_timeout, self._expire, t)
         self._backend.submit(t.index, "reset", (None, {}))
 
-    async def _restart_failed(self, op: str, outcomes: list[Any]) -> None:
+    async def _restart_failed(self, op: str, outcomes: list[Any], indices: Sequence[int]) -> None:
         """Under ``on_error="restart"``, restart the envs whose step failed in a
-        whole-batch call that ran outside tickets (a backend's stacked path), as a ticketed
-        step's failure is restarted: their outcomes become the truncated steps."""
-        failed = [i for i, o in enumerate(outcomes) if isinstance(o, Failure)]
+        whole-batch call that ran outside tickets (a backend's stacked path; env
+        ``indices[pos]`` at position ``pos``), as a ticketed step's failure is restarted:
+        their outcomes become the truncated steps."""
+        failed = [pos for pos, o in enumerate(outcomes) if isinstance(o, Failure)]
         if self.on_error != "restart" or op not in _RESTARTABLE or not failed:
             return
         batch = _Batch(len(failed), asyncio.get_running_loop().create_future())
         tickets = []
-        for pos, i in enumerate(failed):
-            t = _Ticket(i, op, None, batch, pos)
-            self._tickets[i] = t
+        for k, pos in enumerate(failed):
+            t = _Ticket(indices[pos], op, None, batch, k)
+            self._tickets[t.index] = t
             t.launched = True
             self._running += 1
             tickets.append(t)
-            self._restart(t, outcomes[i].exc)
-        for i, outcome in zip(failed, await self._await_batch(batch, tickets)):
-            outcomes[i] = outcome
+            self._restart(t, outcomes[pos].exc)
+        for pos, outcome in zip(failed, await self._await_batch(batch, tickets)):
+            outcomes[pos] = outcome
 
     def _observed(self, outcome: Any) -> Any:
         """A step that went well, under ``on_error="observe"``: empty error entries."""
@@ -418,11 +419,13 @@ class _Dispatcher:
             and self.on_error != "observe"
         )
 
-    async def _hold_all(self) -> range:
-        """Mark every env busy with a backend fast-path call (see :meth:`_release_all`)."""
+    async def _hold_all(self, indices: Sequence[int] | None = None) -> Sequence[int]:
+        """Mark every env (or those of ``indices``) busy with a backend fast-path call
+        (see :meth:`_release_all`)."""
         if self._orphans:
             await self._wait_orphans()
-        indices = range(self.num_envs)
+        if indices is None:
+            indices = range(self.num_envs)
         self._check_free(indices)
         tickets = self._tickets
         for i in indices:
@@ -435,30 +438,37 @@ class _Dispatcher:
             if tickets[i] is _FAST:
                 tickets[i] = None
 
-    def _pool_failures(self, op: str, outcomes: list[Any]) -> list[Any]:
-        """Backend failures of a whole-batch call (env ``i`` at position ``i``) as the
-        pool's errors, remembered in :attr:`last_errors`."""
-        for i, o in enumerate(outcomes):
+    def _pool_failures(
+        self, op: str, outcomes: list[Any], indices: Sequence[int] | None = None
+    ) -> list[Any]:
+        """Backend failures of a whole-batch call (env ``indices[pos]``, default ``pos``, at
+        position ``pos``) as the pool's errors, remembered in :attr:`last_errors`."""
+        for pos, o in enumerate(outcomes):
             if isinstance(o, Failure):
+                i = pos if indices is None else indices[pos]
                 err = self._to_error(i, op, o)
                 self.last_errors[i] = err
-                outcomes[i] = Failure(err, o.traceback)
+                outcomes[pos] = Failure(err, o.traceback)
         return outcomes
 
-    async def _run_stacked(self, op: str, td: Any) -> Stacked | list[Any] | None:
-        """``op`` on every env with the stacked inputs ``td``, through the backend's
-        stacked path: a :class:`Stacked` result, per-env outcomes (as :meth:`_run_ops`'s)
-        when some env failed, or None when the backend cannot take it (nothing started)."""
+    async def _run_stacked(
+        self, op: str, td: Any, indices: Sequence[int] | None = None
+    ) -> Stacked | list[Any] | None:
+        """``op`` with the stacked inputs ``td`` on every env, or on the envs ``indices``
+        (a masked step: the other rows of the result are stale, their reset flags False),
+        through the backend's stacked path: a :class:`Stacked` result, per-env outcomes
+        (as :meth:`_run_ops`'s, one per index) when some env failed, or None when the
+        backend cannot take it (nothing started)."""
         if not self._stacked_ok():
             return None
-        await self._hold_all()
+        held = await self._hold_all(indices)
         try:
-            out = await self._backend.run_stacked(op, td, self.step_timeout)
+            out = await self._backend.run_stacked(op, td, self.step_timeout, indices)
         finally:
             self._release_all()
         if isinstance(out, list):
-            out = self._pool_failures(op, out)
-            await self._restart_failed(op, out)
+            out = self._pool_failures(op, out, held)
+            await self._restart_failed(op, out, held)
         return out
 
     async def _run_generic(

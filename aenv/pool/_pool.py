@@ -17,7 +17,7 @@ from tensordict import (
     is_non_tensor,
 )
 
-from aenv._mdp import mask_merge, unravel
+from aenv._mdp import entry, mask_merge, unravel
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
@@ -314,32 +314,50 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         indices = self._all
         sel = None
         if mask is not None:
-            sel = self._env_selection(mask)
-            if not bool(sel.any()):
+            sel, indices = self._selected(mask)
+            if not indices:
                 return self._previous_as_next(tensordict.exclude("_step", "next"))
-            if not bool(sel.all()):
-                indices = sel.nonzero().squeeze(-1).tolist()
-        if mask is None and not self._lazy:
-            out = await self._run_stacked("step", tensordict)
+        partial = len(indices) < self.num_envs
+        if not self._lazy and (mask is None or not self._sub_batch):
+            out = await self._run_stacked("step", tensordict, indices if partial else None)
             if isinstance(out, Stacked):
-                return out.next
+                return self._sat_out(out.next, tensordict, sel, partial)
             if out is not None:
                 self._raise_failures("step", indices, out)
-                return self._assemble(out, indices, "next")
+                nxt = self._assemble(out, indices, "next")
+                return self._sat_out(nxt, tensordict, sel, partial)
         inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
         outcomes = await self._run_ops("step", indices, inputs)
         self._raise_failures("step", indices, outcomes)
         nxt = self._assemble(outcomes, indices, "next")
-        if sel is not None and len(indices) < self.num_envs:
-            mask_merge(nxt, tensordict.exclude("_step", "next"), sel)
+        return self._sat_out(nxt, tensordict, sel, partial)
+
+    def _selected(self, mask: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """The envs a ``"_step"`` mask selects: a flag per env, and their indices."""
+        sel = self._env_selection(mask)
+        return sel, [i for i, flag in enumerate(sel.tolist()) if flag]
+
+    def _sat_out(
+        self,
+        nxt: TensorDictBase,
+        tensordict: TensorDictBase,
+        sel: torch.Tensor | None,
+        partial: bool,
+    ) -> TensorDictBase:
+        """``nxt`` with the rows of the envs a masked step left out (``sel`` False) taken
+        from their input: their current values, zero reward."""
+        if partial:
+            mask_merge(nxt, tensordict.exclude("_step", "next"), sel)  # type: ignore[arg-type]
         return nxt
 
     async def step_and_maybe_reset(
         self, tensordict: TensorDictBase
     ) -> tuple[TensorDictBase, TensorDictBase]:
-        """Step every env and reset those that are done, in one operation per env."""
-        if tensordict.get("_step", None) is not None:
-            return await super().step_and_maybe_reset(tensordict)
+        """Step every env (those a ``"_step"`` mask selects) and reset those that are done,
+        in one operation per env."""
+        mask = tensordict.get("_step", None)
+        if mask is not None:
+            return await self._masked_step_and_maybe_reset(tensordict, mask)
         self._check_open()
         self._check_batch(tensordict)
         self._check_actions(tensordict)
@@ -354,6 +372,55 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             out = await self._run_ops(op, self._all, inputs)
         self._raise_failures(op, self._all, out)
         return tensordict, self._outcomes_next_input(tensordict, out)
+
+    async def _masked_step_and_maybe_reset(
+        self, tensordict: TensorDictBase, mask: torch.Tensor
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """:meth:`step_and_maybe_reset` with a ``"_step"`` mask, as one whole-batch call
+        where the backend takes it: the selected envs step (and reset when done, in the
+        same call), the others sit the step out with their current values. The result is
+        EnvBase's :meth:`step` then "reset what is done", which it falls back to (also when
+        an env sitting the step out is done already: that one is reset too)."""
+        n = self.num_envs
+        if self._lazy or self._sub_batch or self._closed:
+            return await super().step_and_maybe_reset(tensordict)
+        self._check_batch(tensordict)
+        sel, indices = self._selected(mask)
+        if not indices:
+            return await super().step_and_maybe_reset(tensordict)
+        partial = len(indices) < n
+        if partial:
+            sitting = ~sel
+            for prefix in self._done_groups:  # (what "reset what is done" reads)
+                sub = tensordict.get(prefix, None) if prefix else tensordict
+                done = None if sub is None else entry(sub, "done")
+                if isinstance(done, torch.Tensor) and bool(
+                    (done.reshape(n, -1).any(-1) & sitting).any()
+                ):
+                    return await super().step_and_maybe_reset(tensordict)
+        self._check_actions(tensordict)
+        op = "step_and_maybe_reset"
+        out = await self._run_stacked(op, tensordict, indices if partial else None)
+        if out is None:  # (nothing started)
+            return await super().step_and_maybe_reset(tensordict)
+        if isinstance(out, Stacked):
+            nxt = self._sat_out(out.next, tensordict, sel, partial)
+            tensordict.set("next", self._stacked_proc_data(nxt, tensordict))
+            next_input = self._step_mdp(tensordict)
+            if out.reset_mask is not None:
+                self._merge_resets(next_input, out.reset, out.reset_mask)  # type: ignore[arg-type]
+            return tensordict, next_input
+        self._raise_failures(op, indices, out)
+        pairs = [o if type(o) is tuple else (o, None) for o in out]
+        nxt = self._sat_out(
+            self._assemble([p[0] for p in pairs], indices, "next"), tensordict, sel, partial
+        )
+        tensordict.set("next", self._step_proc_data(nxt, tensordict))
+        next_input = self._step_mdp(tensordict)
+        resets = [(i, p[1]) for i, p in zip(indices, pairs) if p[1] is not None]
+        if resets:
+            next_input = self._write_resets(next_input, resets)
+        return tensordict, next_input
 
     def _outcomes_next_input(
         self, tensordict: TensorDictBase, outcomes: list[Any]

@@ -105,6 +105,7 @@ class _Batch:
         "outcomes",
         "raw",
         "sent",
+        "stepping",
         "then",
         "timer",
     )
@@ -124,6 +125,8 @@ class _Batch:
         #: (sent when that one ends well), and the call chained to this one, as the
         #: function that sends it
         self.sent = False
+        #: a masked stacked call: the envs it steps (None: every env)
+        self.stepping: frozenset[int] | None = None
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
 
@@ -687,16 +690,23 @@ class ProcessBackend(ClosingMixin, Backend):
             return False
         return stacked[bank].write_inputs(tensordict)
 
-    def launch_stacked(self, op: str, bank: int, step_timeout: float | None) -> Any:
+    def launch_stacked(
+        self,
+        op: str,
+        bank: int,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
+    ) -> Any:
         """Send a whole-batch ``op`` (``"step"`` or ``"step_and_maybe_reset"``) on every
-        env, its inputs staged in ``bank`` (:meth:`stage_stacked`): one ``("batch", ...)``
-        command per worker, as in :meth:`run_batch`. Returns the call for
-        :meth:`wait_stacked`, or None (nothing sent) when some env would be refused."""
+        env or on the envs ``indices``, its inputs staged in ``bank``
+        (:meth:`stage_stacked`): one ``("batch", ...)`` command per worker with envs to
+        step, as in :meth:`run_batch`. Returns the call for :meth:`wait_stacked`, or None
+        (nothing sent) when some env would be refused."""
         if op not in _SLOT_OPS or self._stacked is None or self._refusing():
             return None
         if self._stacked[bank].partial:
             return None  # (staged for a chained call: its observations are not there yet)
-        batch = self._stacked_call(op, bank)
+        batch = self._stacked_call(op, bank, indices)
         self._send_stacked(batch, step_timeout)
         return batch
 
@@ -724,28 +734,46 @@ class ProcessBackend(ClosingMixin, Backend):
         with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
             self._send_stacked(batch, step_timeout)
 
-    def _stacked_call(self, op: str, bank: int) -> _Batch:
+    def _stacked_call(self, op: str, bank: int, indices: Sequence[int] | None = None) -> _Batch:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        batch = _Batch(op, range(self._stacked[bank].n), loop.create_future(), raw=True)  # type: ignore[index]
+        n = self._stacked[bank].n  # type: ignore[index]
+        batch = _Batch(op, range(n), loop.create_future(), raw=True)
         batch.bank = bank
+        if indices is not None and len(indices) < n:
+            # a masked step: the envs sitting it out are answered already (their rows
+            # left as they are, no reset), so the call is whole once the others are in
+            batch.stepping = frozenset(indices)
+            for i in range(n):
+                if i not in batch.stepping:
+                    batch.outcomes[i] = (i, SLOT, 0)
+                    batch.left -= 1
         return batch
 
     def _send_stacked(self, batch: _Batch, step_timeout: float | None) -> None:
-        """Send a stacked call's commands: one ``("batch", ...)`` per worker."""
+        """Send a stacked call's commands: one ``("batch", ...)`` per worker with envs to
+        step."""
         op, bank = batch.op, batch.bank
         timed = step_timeout is not None
         seq = next(self._seq)
         inflight, batch_of = self._inflight, self._batch_of
         current = (seq, op)
+        stepping = batch.stepping
         # (no _last_cmd: it is only read back for resets)
         try:
             for w in self._workers:
-                items = w.stacked_items
-                if items is None:
-                    items = w.stacked_items = [(i, None) for i in w.indices]
-                for i in w.indices:
+                if stepping is None:
+                    envs = w.indices
+                    items = w.stacked_items
+                    if items is None:
+                        items = w.stacked_items = [(i, None) for i in envs]
+                else:
+                    envs = [i for i in w.indices if i in stepping]
+                    if not envs:
+                        continue
+                    items = [(i, None) for i in envs]
+                for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
                 self._send_batch(w, seq, op, items, timed, bank)

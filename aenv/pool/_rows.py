@@ -87,7 +87,10 @@ class Rows:
             return None
         entries = td._tensordict
         if entries.keys() != bufs.keys():
-            return None
+            # (a masked step's ``"_step"`` is the pool's, not an env input)
+            if "_step" not in entries or entries.keys() - {"_step"} != bufs.keys():
+                return None
+            entries = {k: v for k, v in entries.items() if k != "_step"}
         for key, value in entries.items():
             dst = bufs[key]
             if (
@@ -116,12 +119,14 @@ class Rows:
         op: str,
         inputs: Sequence[TensorDictBase],
         staged: bool = False,
+        indices: Sequence[int] | None = None,
     ) -> bool:
         """Whether every env's ``op`` runs inline on the lean path (EnvBase's step, no
         ``"_step"`` mask, no type checks: see :func:`~aenv.pool._ops.lean_inline`), and no
         env has handed back a TensorDict instead of writing its row (then the per-env path
         is cheaper, and is taken from then on). ``staged``: the inputs are this object's
-        input rows (planned entries only, so no ``"_step"`` mask to look for)."""
+        input rows (planned entries only, so no ``"_step"`` mask to look for). With
+        ``indices``, only those envs step (``inputs`` are theirs, in that order)."""
         if not (self.ok and self.direct):
             return False
         ids = tuple(map(id, envs))
@@ -134,22 +139,32 @@ class Rows:
             # what lean_inline checks per env and step, less the mask no input row holds
             # (the class-level part is runs_inline's, settled above)
             return not any(env.run_type_checks or env.is_closed for env in envs)
-        return all(lean_inline(env, op, td) for env, td in zip(envs, inputs, strict=True))
+        stepping = envs if indices is None else [envs[i] for i in indices]
+        return all(lean_inline(env, op, td) for env, td in zip(stepping, inputs, strict=True))
 
     def run(
-        self, envs: Sequence[EnvBase], op: str, inputs: Sequence[TensorDictBase]
+        self,
+        envs: Sequence[EnvBase],
+        op: str,
+        inputs: Sequence[TensorDictBase],
+        indices: Sequence[int] | None = None,
     ) -> Stacked | list[Any]:
-        """``op`` on every env, each into its rows: the stacked result, or per-env outcomes
-        (as a backend's ``run_batch`` gives them) when some env failed or gave a result its
-        row cannot hold."""
+        """``op`` on every env, or on the envs ``indices`` (``inputs`` are theirs, in that
+        order), each into its rows: the stacked result (the rows of envs that did not step
+        left as they were, their reset flags False), or per-env outcomes (as a backend's
+        ``run_batch`` gives them, one per stepped env) when some env failed or gave a
+        result its row cannot hold."""
         smr = op == "step_and_maybe_reset"
         n = len(envs)
+        if indices is None:
+            indices = range(n)
         # (a list: one write to a tensor costs more than a step's whole bookkeeping)
         reset_flags = [False] * n
         any_reset = False
-        outcomes: list[Any] = [None] * n
+        outcomes: list[Any] = [None] * len(indices)
         whole = True
-        for i, (env, td) in enumerate(zip(envs, inputs, strict=True)):
+        for pos, (i, td) in enumerate(zip(indices, inputs, strict=True)):
+            env = envs[i]
             row = self.next_rows[i]
             try:
                 res, rst = drive(step_rows(env, op, td, row, self.reset_rows[i]))
@@ -159,21 +174,21 @@ class Rows:
                     stepped_next = res
                     whole = _fill(row, self.next_keys, res) and whole
                 if not smr:
-                    outcomes[i] = stepped_next
+                    outcomes[pos] = stepped_next
                     continue
                 if rst is None:
-                    outcomes[i] = (stepped_next, None)
+                    outcomes[pos] = (stepped_next, None)
                     continue
                 reset_row = self.reset_rows[i]
                 if rst is not True and not _fill(reset_row, self.reset_keys, rst):
                     whole = False
-                    outcomes[i] = (stepped_next, rst)
+                    outcomes[pos] = (stepped_next, rst)
                     continue
                 reset_flags[i] = any_reset = True
-                outcomes[i] = (stepped_next, reset_row)
+                outcomes[pos] = (stepped_next, reset_row)
             except Exception as exc:
                 whole = False
-                outcomes[i] = Failure(exc)
+                outcomes[pos] = Failure(exc)
         if whole:
             assert self.next is not None and self.reset is not None
             if not any_reset:

@@ -422,12 +422,11 @@ class StackedBlocks:
     def write_inputs(self, td: TensorDictBase) -> bool:
         """Copy the input leaves of the whole batch ``td`` into the blocks; False (nothing
         written) when one is missing or does not fit, or ``td`` is not a plain TensorDict
-        of the pool's batch size without a ``"_step"`` mask."""
+        of the pool's batch size. (A ``"_step"`` mask is the pool's: which envs step is the
+        call's ``indices``.)"""
         if type(td) is not TensorDict or td.batch_size != self.batch_size:
             return False
         entries = td._tensordict
-        if "_step" in entries:
-            return False
         srcs: list[torch.Tensor] = []
         for key, (dtype, shape) in zip(self.in_keys, self.expected):
             value = entries.get(key)

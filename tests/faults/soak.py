@@ -126,3 +126,17 @@ async def soak(
         "steps_per_s": received / elapsed,
         "samples": samples,
     }
+
+
+if __name__ == "__main__":  # a longer soak than the suite's, by hand
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="one backend's soak, with its samples")
+    ap.add_argument("backend", choices=["coroutine", "thread", "process"])
+    ap.add_argument("steps", type=int)
+    args = ap.parse_args()
+    result = asyncio.run(soak(args.backend, args.steps))
+    for sample in result.pop("samples"):
+        print(sample)
+    print(json.dumps(result, indent=1))

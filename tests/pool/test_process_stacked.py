@@ -447,11 +447,12 @@ def test_stacked_blocks_need_consecutive_like_envs():
     assert StackedBlocks.plan([(blocks, 0, 4), (other, 4, 8)]) is None  # unlike envs
     stacked = StackedBlocks.plan([(blocks, 0, 4), (map_blocks(flat, group), 4, 8)])
     assert stacked is not None and stacked.n == 8
-    # inputs: the right leaves only, of the right dtype and shape, no "_step" mask
+    # inputs: the right leaves only, of the right dtype and shape (a "_step" mask is the
+    # pool's: which envs step is the launch's indices)
     good = TensorDict({"action": torch.ones(8, 1, dtype=torch.int64)}, [8])
     assert stacked.write_inputs(good)
     assert not stacked.write_inputs(TensorDict({"action": torch.ones(8, 1)}, [8]))
-    assert not stacked.write_inputs(good.clone().set("_step", torch.ones(8, dtype=torch.bool)))
+    assert stacked.write_inputs(good.clone().set("_step", torch.ones(8, dtype=torch.bool)))
     assert not stacked.write_inputs(TensorDict({}, [8]))
 
 
