@@ -98,6 +98,9 @@ class _BatchRows(_TimeRows):
         super().__init__(env, first, carried, actions, shared, rewards, draws)
         self.stepper = stepper
         self.plain = plain
+        self.in_keys = [*carried, *actions]
+        self.in_start = self.in_end = 0
+        self.in_rows: list[tuple[torch.Tensor, ...]] = []
         self.steps = next(iter(rewards.values())).shape[0]
         self.batch = first.batch_size
         self.device = first.device
@@ -144,10 +147,15 @@ class _BatchRows(_TimeRows):
         return TensorDict._new_unsafe(keys(t), self.batch, self.device, nested=False)  # type: ignore[arg-type]
 
     def _inputs(self, t: int) -> dict[str, torch.Tensor]:
-        row = {key: self.shared[key][t] for key in self.carried}
-        for key, leaf in self.action_rows.items():
-            row[key] = leaf[t]
-        return row
+        """Random step ``t``'s input: views of row ``t`` (made a block of rows at a time:
+        indexing a tensor costs more than the rest of the step's bookkeeping)."""
+        if not self.in_start <= t < self.in_end:
+            end = t + self.BLOCK
+            self.in_start, self.in_end = t, end
+            columns = [self.shared[key][t:end].unbind(0) for key in self.carried]
+            columns += [leaf[t:end].unbind(0) for leaf in self.action_rows.values()]
+            self.in_rows = list(zip(*columns))  # (as long as the action rows go)
+        return dict(zip(self.in_keys, self.in_rows[t - self.in_start], strict=True))
 
     async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
         env = self.env
