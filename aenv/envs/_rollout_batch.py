@@ -185,27 +185,6 @@ class _BatchRows(_TimeRows):
             return td, False  # (what the step ended is reset already)
         return td, _any_done(env, nxt)
 
-    def _check_policy_input(self, td: TensorDictBase) -> None:
-        """A policy's step: rows only while its input holds the planned keys and the row
-        views as they were made (else TensorDicts take over, before the step); actions of
-        another shape or dtype go through the env's action checks (cast, or refused)."""
-        if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
-            raise _Fallback
-        src = td._tensordict
-        made = self.current
-        if made is not None:
-            for key, view in zip(self.carried, made, strict=True):
-                if src[key] is not view:
-                    raise _Fallback
-        env = self.env
-        for key, shape, dtype in self.lean:
-            value = src[key]
-            if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
-                env._check_actions(td)
-                break
-        if env.run_type_checks:
-            env._check_actions(td)
-
     def _fits(self, td: TensorDictBase | None, plan: list[tuple[str, Any, Any, Any]]) -> bool:
         """Whether ``td`` holds exactly ``plan``'s keys, each a tensor of its row's shape and
         dtype (with no gradient to keep: TensorDicts keep those)."""

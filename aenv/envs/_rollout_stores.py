@@ -211,24 +211,8 @@ class _TimeRows:
         if self.draws is not None:
             out = await env._step_into(self.inputs, self.out, t)
         else:
-            # a policy's step: rows only while its input holds the planned keys and the
-            # row views as they were made (a policy writing other keys, or replacing an
-            # observation, hands over to TensorDicts)
-            if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
-                raise _Fallback
+            self._check_policy_input(td)
             src = td._tensordict
-            made = self.current
-            if made is not None:
-                for key, view in zip(self.carried, made, strict=True):
-                    if src[key] is not view:
-                        raise _Fallback
-            for key, shape, dtype in self.lean:
-                value = src[key]
-                if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
-                    env._check_actions(td)  # (raises, or casts in place)
-                    break
-            if env.run_type_checks:
-                env._check_actions(td)
             out = await env._step_into(td, self.out, t)
             for key, values in self.given.items():
                 values.append(src[key])
@@ -236,6 +220,28 @@ class _TimeRows:
         if type(out) is not bool:
             out = _fill(self.out, t, out, "step")  # type: ignore[arg-type]
         return td, out
+
+    def _check_policy_input(self, td: TensorDictBase) -> None:
+        """A policy's step: rows only while its input holds the planned keys and the row
+        views as they were made (a policy writing other keys, or replacing an observation,
+        hands over to TensorDicts, before the step); actions of another shape or dtype go
+        through the env's action checks (cast in place, or refused)."""
+        if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
+            raise _Fallback
+        src = td._tensordict
+        made = self.current
+        if made is not None:
+            for key, view in zip(self.carried, made, strict=True):
+                if src[key] is not view:
+                    raise _Fallback
+        env = self.env
+        for key, shape, dtype in self.lean:
+            value = src[key]
+            if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
+                env._check_actions(td)
+                break
+        if env.run_type_checks:
+            env._check_actions(td)
 
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
