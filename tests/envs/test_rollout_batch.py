@@ -245,3 +245,22 @@ async def test_batched_env_rollout_in_rows(policy, monkeypatch):
     assert torch.equal(count_a, count_b) and torch.equal(rand_a, rand_b)
     done = a["next", "done"].squeeze(-1)
     assert done.sum(-1).tolist() == [7, 5, 3]  # each element's own episode ends
+
+
+async def test_pool_rows_follow_a_given_tensordict_and_set_truncated(monkeypatch):
+    fns = ENVS["cartpole-onehot"]
+
+    async def run(pool: AsyncEnvPool) -> Any:
+        await pool.set_seed(5)
+        torch.manual_seed(5)
+        td = await pool.reset()
+        return await pool.rollout(
+            30, auto_reset=False, tensordict=td, break_when_any_done=False, set_truncated=True
+        )
+
+    outs, used, _ = await _both(AsyncEnvPool, lambda: _pool("coroutine", fns), run, monkeypatch)
+    assert used == [True, False]
+    _assert_same(*outs)
+    last = outs[0]["next"][..., -1]
+    assert last["truncated"].all() and last["done"].all()
+    assert not outs[0]["next", "truncated"][:, :-1].any()
