@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -31,6 +31,9 @@ from aenv.exceptions import (
     EnvClosedError,
     SpecViolationError,
 )
+
+if TYPE_CHECKING:
+    from aenv.envs._rollout_batch import BatchStepper
 
 __all__ = ["EnvBase"]
 
@@ -110,6 +113,10 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     #: set by envs whose ``_step`` always returns consistent ``done`` / ``terminated`` (and
     #: declared ``truncated``) entries, so the per-step completion can be skipped
     _done_outputs_complete: ClassVar[bool] = False
+    #: whether :meth:`rand_action` draws each action spec's ``rand()`` in order, so that a
+    #: rollout may draw them a chunk of steps at a time (:class:`~aenv.envs._rollout_stores._Draws`);
+    #: False for a class replacing ``rand_action`` unless it says so too
+    _rand_from_specs: ClassVar[bool] = True
     _step_is_async: ClassVar[bool] = False
     _reset_is_async: ClassVar[bool] = False
     _seed_is_async: ClassVar[bool] = False
@@ -170,22 +177,17 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             return await self.reset(next_input)
         return next_input
 
-    async def _rollout_whole(
-        self,
-        max_steps: int,
-        policy: Callable[..., Any] | None,
-        *,
-        break_when_any_done: bool,
-        tensordict: TensorDictBase | None,
-    ) -> TensorDictBase | None:
-        """A whole rollout in one call, or None (the default): the rollout loop runs.
+    def _rollout_stepper(self, plain: bool) -> BatchStepper | None:
+        """How a rollout takes this batched env's whole-batch steps when it keeps them in
+        time rows (:mod:`aenv.envs._rollout_batch`), or None: TensorDicts keep them.
+        ``plain``: the env keeps :class:`EnvBase`'s ``step`` and ``step_and_maybe_reset``
+        (the default stepper runs their bodies); a pool takes its backend's stacked path
+        (and overlaps consecutive steps where the backend can)."""
+        if not plain:
+            return None
+        from aenv.envs._rollout_batch import BatchStepper
 
-        Offered by :meth:`rollout` only in the plain case (no callback, device cast,
-        ``break_when_all_done``, ``set_truncated``; contiguous output), for a pool whose
-        backend overlaps consecutive steps. ``policy`` is None for random actions;
-        ``tensordict`` the first input, or None for "reset first".
-        """
-        return None
+        return BatchStepper(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -197,6 +199,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         ):
             cls._step_into = EnvBase._step_into  # type: ignore[method-assign]
             cls._reset_into = EnvBase._reset_into  # type: ignore[method-assign]
+        if "rand_action" in cls.__dict__ and "_rand_from_specs" not in cls.__dict__:
+            cls._rand_from_specs = False
         locked = cls.__dict__.get("batch_locked")
         if isinstance(locked, bool):  # TorchRL's `batch_locked = False` class attribute
             cls._batch_locked = locked

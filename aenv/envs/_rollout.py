@@ -1,13 +1,18 @@
 """The async rollout loop shared by every env (pools and transformed envs included).
 
-One loop runs every rollout: random actions and policies, single and batched envs. Each step
-goes through the env's step hook (:meth:`~aenv.EnvBase._step_into`); a step store
-(:mod:`aenv.envs._rollout_stores`) keeps it: time rows written by the env itself where its
-hooks write rows, TensorDicts stacked along the time dim otherwise.
+One loop runs every rollout: random actions and policies, single and batched envs, pools and
+the sync facades' pools. Each step goes through the env's step hook
+(:meth:`~aenv.EnvBase._step_into`) or, for a batched env, its whole-batch stepper
+(:meth:`~aenv.EnvBase._rollout_stepper`: a pool's takes its backend's stacked rows and
+overlaps consecutive steps where it can); a step store keeps it: time rows
+(:mod:`aenv.envs._rollout_stores`, :mod:`aenv.envs._rollout_batch`) written by the env
+itself or copied from the whole-batch result, TensorDicts stacked along the time dim
+(:mod:`aenv.envs._rollout_steps`) otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,14 +22,9 @@ from tensordict import TensorDictBase
 
 from aenv._mdp import time_named, unravel
 from aenv.envs._policy import make_policy
-from aenv.envs._rollout_stores import (
-    _done_mask,
-    _Draws,
-    _Fallback,
-    _StepStore,
-    _TensorDicts,
-    _TimeRows,
-)
+from aenv.envs._rollout_batch import _BatchRows
+from aenv.envs._rollout_steps import _done_mask, _Draws, _StepStore, _TensorDicts
+from aenv.envs._rollout_stores import _Fallback, _TimeRows
 from aenv.envs._rowplan import writes_rows
 from aenv.exceptions import PoolError
 
@@ -110,19 +110,6 @@ async def run_rollout(
         # it says is done is reset first, as TorchRL does; nothing else is
         tensordict = await env.reset(tensordict)
     cast = auto_cast_to_device and env.device is not None
-    if (
-        callback is None
-        and not cast
-        and not break_when_all_done
-        and not set_truncated
-        and return_contiguous
-    ):
-        # a pool whose backend overlaps consecutive steps runs the rollout itself
-        whole = await env._rollout_whole(
-            max_steps, policy, break_when_any_done=bool(break_when_any_done), tensordict=tensordict
-        )
-        if whole is not None:
-            return time_named(whole)
     if auto_reset:
         tensordict = await env.reset()
     assert tensordict is not None
@@ -141,17 +128,35 @@ async def run_rollout(
     store: list[_TimeRows | _TensorDicts] = [
         _TensorDicts(env, bool(return_contiguous), plain, policy is None, draws, callback, cast)
     ]
-    # time rows where the env's hooks write them (decided on the first step's input)
-    rows = (
-        plain
-        and callback is None
+    # time rows (decided on the first step's input): an unbatched env's where its hooks
+    # write them, a batched env's where it has a whole-batch stepper (a pool's: its
+    # backend's stacked rows)
+    rows: Callable[[TensorDictBase], _TimeRows | None] | None = None
+    if (
+        callback is None
         and not cast
         and not break_when_all_done
         and bool(return_contiguous)
-        and not env.batch_size
         and max_steps > 1
-        and writes_rows(env)
-    )
+    ):
+        random = policy is None
+        if not env.batch_size:
+            if plain and writes_rows(env):
+                rows = functools.partial(
+                    _TimeRows.make, env, max_steps=max_steps, draws=draws, policy=not random
+                )
+        else:
+            stepper = env._rollout_stepper(plain)
+            if stepper is not None:
+                rows = functools.partial(
+                    _BatchRows.make,
+                    env,
+                    max_steps=max_steps,
+                    draws=draws,
+                    policy=not random,
+                    stepper=stepper,
+                    plain=plain,
+                )
     try:
         await _loop(
             env,
@@ -168,6 +173,8 @@ async def run_rollout(
         if store[0].count:
             err.rollout = time_named(store[0].finish())
         raise
+    finally:
+        store[0].close()
     if set_truncated:
         store[0].set_truncated()
     return time_named(store[0].finish())
@@ -179,7 +186,7 @@ async def _loop(
     td: TensorDictBase,
     max_steps: int,
     policy: Callable[..., Any] | None,
-    rows: bool,
+    rows: Callable[[TensorDictBase], _TimeRows | None] | None,
     break_when_any_done: bool,
     break_when_all_done: bool,
 ) -> None:
@@ -207,17 +214,19 @@ async def _loop(
             td = await call_policy(policy, td)
         elif t >= store.drawn:
             td = store.act(td, t)
-        if rows and not t:
-            assert isinstance(store, _TensorDicts)
-            made = _TimeRows.make(env, td, max_steps, store.draws, policy is not None)
+        if rows is not None and not t:
+            made = rows(td)
             if made is not None:
                 store = box[0] = made
         try:
             td, done = await store.step(td, t, not stop and t < last)
-        except _Fallback:
+        except _Fallback as handed:
             assert isinstance(store, _TimeRows)
             store = box[0] = store.fallback()
-            td, done = await store.step(td, t, not stop and t < last)
+            if handed.stepped is None:  # (before the step: the TensorDicts take it)
+                td, done = await store.step(td, t, not stop and t < last)
+            else:  # (a step the rows could not hold: the TensorDicts keep it)
+                td, done = store.adopt(handed.stepped, handed.next_input)
         if t == last or (done and break_when_any_done):
             break
         # (an episode end inside a rollout that goes on: the env resets what it ended)

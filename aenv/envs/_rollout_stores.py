@@ -1,251 +1,101 @@
-"""The step stores of the rollout loop (:mod:`aenv.envs._rollout`): where a rollout keeps
-its steps, and the random actions it draws.
+"""The time-row stores of the rollout loop (:mod:`aenv.envs._rollout`): where a rollout keeps
+its steps when it can plan buffers for them.
 
 - :class:`_TimeRows`, for an env whose hooks write straight into rows (a gymnasium env on its
   plain path): buffers planned from the specs (:func:`~aenv.envs._rowplan.plan_rows`), one
   row per time step. Step ``t`` reads row ``t`` of the inputs and writes row ``t`` of
   ``"next"``; the reset after an episode's end writes the next input row
   (:meth:`~aenv.EnvBase._reset_into`). No TensorDict is made per random step.
-- :class:`_TensorDicts`, for everything else (callbacks, partial steps, state kept at the
-  root, nested or non-tensor data): each step's TensorDict, stacked along the time dim a
-  chunk at a time (:class:`_StepStore`).
-
-Random actions are drawn through the action specs' own ``rand`` a chunk of steps at a time
-(:class:`_Draws`), the same way whichever store keeps the steps, so both give equal results.
+- :class:`~aenv.envs._rollout_batch._BatchRows`, its twin for batched envs (pools included).
+- Everything else is kept as TensorDicts (:mod:`aenv.envs._rollout_steps`), and rows hand over
+  to them a step they cannot hold.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp import any_true, fast_stack, put, unravel
+from aenv._mdp import unravel
+from aenv.envs._rollout_steps import _any_done, _done_mask, _Draws, _StepStore, _TensorDicts
 from aenv.envs._rowplan import STEP_GROUPS, plan_rows
 from aenv.exceptions import SpecViolationError
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
 
-__all__ = ["_Draws", "_Fallback", "_StepStore", "_TensorDicts", "_TimeRows", "_done_mask"]
-
-# random actions are drawn this many steps at a time at first, then twice as many each
-# chunk up to _DRAW_MAX (a rollout that stops at its first done draws few it does not use)
-_DRAW_MIN = 16
-_DRAW_MAX = 1024
-
-
-def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
-    """Per batch element: is any done flag (at any level) set? Shape ``td.batch_size``."""
-    out = torch.zeros(td.batch_size, dtype=torch.bool, device=td.device)
-    for key in env._done_flag_keys:
-        flag = td.get(key, None)
-        if flag is not None:
-            out = out | flag.reshape(*td.batch_size, -1).any(-1)
-    return out
+__all__ = [
+    "_Draws",
+    "_Fallback",
+    "_StepStore",
+    "_TensorDicts",
+    "_TimeRows",
+    "_any_done",
+    "_done_mask",
+    "plan_time_rows",
+]
 
 
-def _any_done(env: EnvBase, td: TensorDictBase) -> bool:
-    for key in env._done_flag_keys:
-        flag = td.get(key, None)
-        if flag is not None and any_true(flag):
-            return True
-    return False
-
-
-class _Draws:
-    """Random actions for a rollout, drawn through each action spec's own ``rand`` a chunk
-    of steps at a time (one call per key and chunk instead of one per key and step); the
-    same actions whichever store keeps the steps."""
-
-    def __init__(self, env: EnvBase, max_steps: int) -> None:
-        self.specs = [(key, spec) for key, spec, _ in env._action_checks]
-        self.left = max_steps
-        self.size = _DRAW_MIN
-        self.start = self.end = 0
-        self.rows: list[tuple[Any, tuple[torch.Tensor, ...]]] = []
-        self.current: dict[Any, torch.Tensor] = {}
-
-    @staticmethod
-    def make(env: EnvBase, td: TensorDictBase, max_steps: int) -> _Draws | None:
-        """The draws for ``env``, or None where ``env.rand_action`` must draw each step: an
-        env replacing it, masked actions (a mask may change from step to step), dynamic or
-        non-tensor action specs, an input with batch dims beyond the env's."""
-        from aenv.envs._common import EnvBase as Base
-
-        if type(env).rand_action is not Base.rand_action or env._extra_dims(td):
+def plan_time_rows(
+    env: EnvBase, td: TensorDictBase, max_steps: int
+) -> tuple[list[str], list[str], dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """Time rows for a rollout of ``env`` whose first input (its actions taken) is ``td``:
+    the carried keys (a step's ``"next"`` entries but the rewards), the action keys, the
+    carried entries' ``(T + 1, *batch, ...)`` buffers (row 0 holding ``td``'s) and the
+    rewards' ``(T, *batch, ...)`` ones. None where rows do not apply: state kept at the
+    root, nested or non-tensor data, an input holding more (or less) than a step's outputs
+    carry and the actions, or of other shapes than the specs'."""
+    if type(td) is not TensorDict or td.batch_size != env.batch_size:
+        return None
+    if env.state_keys or any(type(k) is not str for k in env.action_keys):
+        return None
+    planned = plan_rows(env, STEP_GROUPS, max_steps + 1)
+    if planned is None:
+        return None
+    reward_keys = {unravel(k)[-1] for k in env.reward_keys}
+    actions: list[str] = list(env.action_keys)  # type: ignore[arg-type]
+    entries = planned._tensordict
+    carried = [key for key in entries if key not in reward_keys]
+    given = td._tensordict
+    if set(given) != {*carried, *actions}:
+        return None  # the input holds more (or less) than a step's outputs carry
+    for key in carried:
+        first, dst = given[key], entries[key]
+        if (
+            type(first) is not torch.Tensor
+            or first.shape != dst.shape[1:]
+            or first.dtype != dst.dtype
+            or first.device != dst.device
+        ):
             return None
-        for _, spec, tensorlike in env._action_checks:
-            if not tensorlike or getattr(spec, "mask", None) is not None or -1 in spec.shape:
-                return None
-        return _Draws(env, max_steps)
-
-    def chunk(self, t: int) -> dict[Any, torch.Tensor]:
-        """Draw the actions of steps ``t`` to ``t + k`` (k the chunk size): key -> ``(k, ...)``."""
-        k = min(self.size, self.left)
-        self.size = min(self.size * 2, _DRAW_MAX)
-        self.left -= k
-        self.start, self.end = t, t + k
-        self.current = {key: spec.rand((k,)) for key, spec in self.specs}
-        return self.current
-
-    def row(self, t: int) -> list[tuple[Any, torch.Tensor]]:
-        """Step ``t``'s actions (key, value), steps taken in order."""
-        if t >= self.end:
-            self.rows = [(key, value.unbind(0)) for key, value in self.chunk(t).items()]
-        i = t - self.start
-        return [(key, values[i]) for key, values in self.rows]
-
-
-class _TensorDicts:
-    """Steps kept as TensorDicts (the input with its ``"next"``, a :class:`_StepStore`)."""
-
-    def __init__(
-        self,
-        env: EnvBase,
-        contiguous: bool,
-        plain: bool,
-        random: bool,
-        draws: _Draws | None,
-        callback: Callable[..., Any] | None,
-        cast: bool,
-    ) -> None:
-        self.env = env
-        self.contiguous = contiguous
-        self.plain = plain
-        self.draws = draws
-        self.callback = callback
-        self.cast = cast
-        # actions drawn from the action specs (by the draws or EnvBase.rand_action) pass
-        # the action checks by construction: only a policy's, or another rand_action's,
-        # are checked
-        from aenv.envs._common import EnvBase as Base
-
-        self.check = not random or type(env).rand_action is not Base.rand_action
-        self.steps = _StepStore(contiguous)
-        self.stash: TensorDictBase | None = None
-        self.drawn = 0  # (random actions are written into each step's input: see act)
-
-    @property
-    def count(self) -> int:
-        return self.steps.count
-
-    def act(self, td: TensorDictBase, t: int) -> TensorDictBase:
-        """Step ``t``'s random actions, written into ``td``."""
-        draws = self.draws
-        if draws is None:
-            return self.env.rand_action(td)
-        for key, value in draws.row(t):
-            if type(key) is str:
-                put(td, key, value)
-            else:
-                td.set(key, value)
-        return td
-
-    async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
-        env = self.env
-        if self.cast:
-            td = td.to(env.device)  # type: ignore[arg-type]
-        check = self.check
-        if reset:
-            if self.plain:
-                td = await env._step_checked(td, check)
-                nxt = await env._reset_into(td, None)
-                assert not isinstance(nxt, bool)
-            else:
-                td, nxt = await env.step_and_maybe_reset(td)
-            self.stash = nxt
-        else:
-            td = await (env._step_checked(td, check) if self.plain else env.step(td))
-            td.pop("_step", None)
-        self.steps.append(td)
-        if self.callback is not None:
-            res = self.callback(env, td)
-            if inspect.isawaitable(res):
-                await res
-        return td, False if reset else _any_done(env, td.get("next"))
-
-    def advance(self, td: TensorDictBase, t: int) -> TensorDictBase:
-        """The next step's input: what ``step_and_maybe_reset`` gave, or ``step_mdp``."""
-        if self.stash is not None:
-            nxt, self.stash = self.stash, None
-            return nxt
-        return self.env._step_mdp(td)
-
-    async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
-        return self.advance(td, t)  # (step_and_maybe_reset reset what the step ended)
-
-    def set_truncated(self) -> None:
-        """Mark the last step truncated (and done) wherever the done spec has the entries."""
-        last = self.steps.pending[-1].get("next")
-        for key in self.env.done_keys:
-            if unravel(key)[-1] in ("truncated", "done"):
-                last.set(key, torch.ones_like(last.get(key)))
-
-    def finish(self) -> TensorDictBase:
-        return self.steps.finish()
-
-
-class _StepStore:
-    """Steps stacked along a new trailing dim in chunks as they come, so a long rollout
-    keeps few live objects (the garbage collector's cost grows with them); the newest step
-    stays unstacked, so it can still be edited (``set_truncated``). Steps whose shapes vary
-    (dynamic specs) end up in a lazy stack, as do all steps when ``contiguous`` is False."""
-
-    CHUNK = 256
-
-    def __init__(self, contiguous: bool) -> None:
-        self.contiguous = contiguous
-        self.pending: list[TensorDictBase] = []
-        self.chunks: list[TensorDictBase] = []
-        self.dim = 0
-        self.count = 0
-
-    def append(self, td: TensorDictBase) -> None:
-        if not self.count:
-            self.dim = td.batch_dims
-        self.count += 1
-        self.pending.append(td)
-        if self.contiguous and len(self.pending) > self.CHUNK:
-            head = self.pending[: self.CHUNK]
-            try:
-                self.chunks.append(_stack(head, self.dim))
-            except RuntimeError:
-                self._go_lazy()
-                return
-            del self.pending[: self.CHUNK]
-
-    def _go_lazy(self) -> None:
-        self.contiguous = False
-        unbound = [t for chunk in self.chunks for t in chunk.unbind(self.dim)]
-        self.pending = unbound + self.pending
-        self.chunks = []
-
-    def finish(self) -> TensorDictBase:
-        if self.contiguous:
-            try:
-                tail = _stack(self.pending, self.dim)
-                if not self.chunks:
-                    return tail
-                return torch.cat([*self.chunks, tail], self.dim)  # type: ignore[arg-type, return-value]
-            except RuntimeError:
-                self._go_lazy()
-        return LazyStackedTensorDict.lazy_stack(self.pending, dim=self.dim)
-
-
-def _stack(tds: list[TensorDictBase], dim: int) -> TensorDictBase:
-    out = fast_stack(tds, dim)
-    if out is None:
-        return torch.stack(tds, dim)  # type: ignore[arg-type, return-value]
-    return out
+    for key in actions:
+        # (a policy's action of another dtype is cast, or refused, by the step's checks)
+        first = given[key]
+        if type(first) is not torch.Tensor or first.shape != env.full_action_spec[key].shape:
+            return None
+    shared = {key: entries[key] for key in carried}
+    for key in carried:
+        shared[key][0] = given[key]
+    rewards = {key: entries[key][:-1] for key in entries if key in reward_keys}
+    if not rewards:
+        return None
+    return carried, actions, shared, rewards
 
 
 class _Fallback(Exception):
-    """A step the time rows cannot hold (its input holds other keys): TensorDicts take over."""
+    """A step the time rows cannot hold (its input holds other keys, or its results):
+    TensorDicts take over. ``stepped`` / ``next_input``: a step already taken (its input
+    with ``"next"``, and the next input where it reset), for them to keep."""
+
+    def __init__(
+        self, stepped: TensorDictBase | None = None, next_input: TensorDictBase | None = None
+    ) -> None:
+        super().__init__()
+        self.stepped = stepped
+        self.next_input = next_input
 
 
 class _TimeRows:
@@ -332,46 +182,17 @@ class _TimeRows:
     ) -> _TimeRows | None:
         """Rows for a rollout of ``env`` whose first input (its actions taken) is ``td``, or
         None where they do not apply (see the class)."""
-        if (draws is None) != policy or type(td) is not TensorDict or td.batch_size:
+        if (draws is None) != policy or td.batch_size:
             return None
-        if env.state_keys or any(type(k) is not str for k in env.action_keys):
-            return None
-        planned = plan_rows(env, STEP_GROUPS, max_steps + 1)
+        planned = plan_time_rows(env, td, max_steps)
         if planned is None:
             return None
-        reward_keys = {unravel(k)[-1] for k in env.reward_keys}
-        actions: list[str] = list(env.action_keys)  # type: ignore[arg-type]
-        entries = planned._tensordict
-        carried = [key for key in entries if key not in reward_keys]
-        given = td._tensordict
-        if set(given) != {*carried, *actions}:
-            return None  # the input holds more (or less) than a step's outputs carry
-        for key in carried:
-            first, dst = given[key], entries[key]
-            if (
-                type(first) is not torch.Tensor
-                or first.shape != dst.shape[1:]
-                or first.dtype != dst.dtype
-                or first.device != dst.device
-            ):
-                return None
-        for key in actions:
-            # (a policy's action of another dtype is cast, or refused, by the step's checks)
-            first = given[key]
-            if type(first) is not torch.Tensor or first.shape != env.full_action_spec[key].shape:
-                return None
         try:
-            for leaf in entries.values():
+            for leaf in planned[2].values():
                 leaf.numpy()  # (a dtype numpy lacks: no rows)
         except TypeError:
             return None
-        shared = {key: entries[key] for key in carried}
-        for key in carried:
-            shared[key][0] = given[key]
-        rewards = {key: entries[key][:-1] for key in entries if key in reward_keys}
-        if not rewards:
-            return None
-        return _TimeRows(env, td, carried, actions, shared, rewards, draws)
+        return _TimeRows(env, td, *planned, draws)
 
     def act(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """The random actions of steps ``t`` on, drawn into the action rows a chunk at a time."""
@@ -390,24 +211,8 @@ class _TimeRows:
         if self.draws is not None:
             out = await env._step_into(self.inputs, self.out, t)
         else:
-            # a policy's step: rows only while its input holds the planned keys and the
-            # row views as they were made (a policy writing other keys, or replacing an
-            # observation, hands over to TensorDicts)
-            if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
-                raise _Fallback
+            self._check_policy_input(td)
             src = td._tensordict
-            made = self.current
-            if made is not None:
-                for key, view in zip(self.carried, made, strict=True):
-                    if src[key] is not view:
-                        raise _Fallback
-            for key, shape, dtype in self.lean:
-                value = src[key]
-                if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
-                    env._check_actions(td)  # (raises, or casts in place)
-                    break
-            if env.run_type_checks:
-                env._check_actions(td)
             out = await env._step_into(td, self.out, t)
             for key, values in self.given.items():
                 values.append(src[key])
@@ -415,6 +220,28 @@ class _TimeRows:
         if type(out) is not bool:
             out = _fill(self.out, t, out, "step")  # type: ignore[arg-type]
         return td, out
+
+    def _check_policy_input(self, td: TensorDictBase) -> None:
+        """A policy's step: rows only while its input holds the planned keys and the row
+        views as they were made (a policy writing other keys, or replacing an observation,
+        hands over to TensorDicts, before the step); actions of another shape or dtype go
+        through the env's action checks (cast in place, or refused)."""
+        if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
+            raise _Fallback
+        src = td._tensordict
+        made = self.current
+        if made is not None:
+            for key, view in zip(self.carried, made, strict=True):
+                if src[key] is not view:
+                    raise _Fallback
+        env = self.env
+        for key, shape, dtype in self.lean:
+            value = src[key]
+            if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
+                env._check_actions(td)
+                break
+        if env.run_type_checks:
+            env._check_actions(td)
 
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
@@ -482,6 +309,9 @@ class _TimeRows:
         entries = {key: values[key] for key in self.order}
         entries["next"] = nxt
         return TensorDict._new_unsafe(entries, torch.Size((n,)), nxt.device, nested=False)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Nothing held."""
 
     def fallback(self) -> _TensorDicts:
         """TensorDicts holding the steps so far, to go on with (a policy's step whose input

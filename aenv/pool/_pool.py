@@ -17,14 +17,14 @@ from tensordict import (
     is_non_tensor,
 )
 
-from aenv._mdp import entry, mask_merge, time_named, unravel
+from aenv._mdp import entry, mask_merge, unravel
 from aenv.envs._common import EnvBase
-from aenv.envs._rollout import _StepStore
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
 from aenv.pool._backend import Failure, Stacked, backend_class, normalize_backend_name
 from aenv.pool._dispatch import _Ticket, write_error
 from aenv.pool._per_env import PerEnvMixin
+from aenv.pool._pool_rollout import PoolStepper
 from aenv.pool._stacking import split_inputs, stack_results
 from aenv.pool._stream import StreamMixin
 from aenv.specs import StackedComposite
@@ -437,11 +437,6 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             next_input = self._write_resets(next_input, resets)
         return next_input
 
-    def _draw_actions(self) -> dict[str, torch.Tensor]:
-        """Random actions for the whole batch, drawn as :meth:`rand_action` draws them
-        (one ``rand()`` per action spec, in order)."""
-        return {key: spec.rand() for key, spec, _ in self._action_checks}  # type: ignore[misc]
-
     def _stacked_next_input(self, tensordict: TensorDictBase, out: Stacked) -> TensorDictBase:
         """Record a stacked step's results in ``tensordict`` (under ``"next"``) and return
         the next step's input, done envs' rows taken from their resets."""
@@ -452,129 +447,17 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         return next_input
 
     # ------------------------------------------------------------------ rollouts
-    async def _rollout_whole(
-        self,
-        max_steps: int,
-        policy: Callable[..., Any] | None,
-        *,
-        break_when_any_done: bool,
-        tensordict: TensorDictBase | None,
-    ) -> TensorDictBase | None:
-        """A random-action rollout with resets (``policy=None``,
-        ``break_when_any_done=False``) on a backend whose envs live in other processes
-        and take whole batches stacked: its steps overlap. As soon as step ``t``'s results
-        are out of the backend, step ``t + 1`` starts with its random action, and step
-        ``t`` is recorded while the envs work.
+    def _rollout_stepper(self, plain: bool) -> PoolStepper | None:
+        """A rollout takes the pool's whole-batch steps through its backend's stacked rows,
+        overlapping consecutive steps where the backend can (:mod:`aenv.pool._pool_rollout`);
+        a lazy pool's steps (heterogeneous envs) are kept as TensorDicts."""
+        return None if self._lazy else PoolStepper(self)
 
-        The actions do not depend on the observations and are drawn from the torch random
-        stream one step at a time, as the generic loop draws them, and nothing else in
-        this process draws from it in between (the envs live elsewhere), so the result
-        equals the generic loop's: same keys, values and resets, the same error at the same
-        step. Anything else (a policy, stopping at a done, state keys in the step input,
-        lazy stacking, a backend that cannot) is left to the generic loop (None).
-        """
-        if policy is not None or break_when_any_done or self._lazy or self.state_keys:
-            return None
-        backend = self._backend
-        if not (self._stacked_ok() and self.on_error == "raise"):
-            return None
-        if not (backend.overlaps_steps and backend.stacks_all):
-            return None
-        if type(self).rand_action is not AsyncEnvPool.rand_action or not all(
-            type(key) is str for key in self.action_keys
-        ):
-            return None
-        if tensordict is None:
-            tensordict = await self.reset()
-        elif tensordict.batch_size != self.batch_size or "_step" in tensordict.keys():
-            return None
-        steps = _StepStore(True)
-        td = self.rand_action(tensordict)
-        # every step but the last resets what it ended; the last leaves the envs where it
-        # left them (as the generic loop does)
-        smr = "step_and_maybe_reset"
-        op = "step" if max_steps == 1 else smr
-        self._check_open()
-        self._check_actions(td)
-        t, bank, staged = 0, 0, False
-        await self._hold_all()
-        call: Any = None
-        # step t + 1, chained to step t: the backend sends it as soon as step t has gone
-        # well, before this task resumes
-        chained: Any = None
-        # the torch random state from before the action drawn ahead of its step: put back
-        # when the rollout ends before the generic loop would have drawn that action
-        rng: torch.Tensor | None = None
-        try:
-            if backend.stage_stacked(td, bank):
-                call = backend.launch_stacked(op, bank, self.step_timeout)
-            while call is not None:
-                action = None
-                if t + 1 < max_steps:
-                    op = "step" if t + 2 == max_steps else smr
-                    # while step t runs, draw step t + 1's action (as the generic loop's
-                    # rand_action draws it) and stage it in the other bank
-                    rng = torch.get_rng_state()
-                    action = self._draw_actions()
-                    inputs = TensorDict._new_unsafe(
-                        action,  # type: ignore[arg-type]
-                        batch_size=self.batch_size,
-                        nested=False,
-                    )
-                    staged = backend.stage_stacked(inputs, 1 - bank)
-                    if staged:
-                        chained = backend.chain_stacked(call, op, 1 - bank, self.step_timeout)
-                outcomes = await backend.wait_stacked(call)
-                done, call = call, None
-                if chained is not None:
-                    if chained.sent:  # (only when step t went well)
-                        call, bank = chained, 1 - bank
-                    chained = None
-                if outcomes is not None:  # some env failed, or answered pickled
-                    self._raise_failures(op, self._all, self._pool_failures(op, outcomes))
-                if action is not None:
-                    # step t went well: step t + 1 starts before step t is recorded
-                    self._check_open()
-                    if staged and call is None:  # (not sent chained)
-                        bank = 1 - bank
-                        call = backend.launch_stacked(op, bank, self.step_timeout)
-                if outcomes is None:
-                    nxt = self._stacked_next_input(td, backend.read_stacked(done))
-                else:
-                    nxt = self._outcomes_next_input(td, outcomes)
-                steps.append(td)
-                t += 1
-                rng = None
-                if action is None:
-                    return steps.finish()
-                for key, value in action.items():
-                    nxt.set(key, value)
-                td = nxt
-        except PoolError as err:
-            _keep_steps(err, steps)
-            raise
-        finally:
-            if call is not None:
-                backend.abandon_stacked(call)
-            if chained is not None:
-                backend.abandon_stacked(chained)
-            if rng is not None:
-                torch.set_rng_state(rng)
-            self._release_all()
-        # the backend could not take a step stacked (a lost env, a broken worker): the
-        # generic loop's steps from here on, the action of step ``t`` being in ``td``
-        try:
-            while True:
-                if t == max_steps - 1:
-                    steps.append(await self.step(td))
-                    return steps.finish()
-                td, nxt = await self.step_and_maybe_reset(td)
-                steps.append(td)
-                t += 1
-                td = self.rand_action(nxt)
-        except PoolError as err:
-            _keep_steps(err, steps)
-            raise
+    @property
+    def _rand_from_specs(self) -> bool:  # type: ignore[override]
+        # a whole batch's random actions are the stacked specs' draws (rand_action below
+        # differs for streamed subsets and lazy pools only)
+        return not self._lazy
 
     def _stacked_proc_data(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The pool's ``_step_proc_data`` of stacked sub-env results, skipped where it is
@@ -816,9 +699,3 @@ def _pool_class(name: str, default: type[AsyncEnvPool]) -> type[AsyncEnvPool]:
         found = _BY_BACKEND[name] = getattr(importlib.import_module(module_name), cls_name)
     assert not isinstance(found, str)
     return found
-
-
-def _keep_steps(err: PoolError, steps: _StepStore) -> None:
-    """A rollout's finished steps, kept on the error that ended it (nothing is lost)."""
-    if steps.pending or steps.chunks:
-        err.rollout = time_named(steps.finish())

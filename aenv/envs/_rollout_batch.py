@@ -1,0 +1,315 @@
+"""Time rows for batched envs (pools, the sync facades' pools, envs with a batch size).
+
+The rollout loop (:mod:`aenv.envs._rollout`) keeps a batched env's steps in buffers planned
+from its specs, time first: step ``t`` reads row ``t`` of ``(T + 1, *batch, ...)`` carried
+buffers (observations, done flags) and of the action rows, and its ``"next"`` is written
+into row ``t + 1`` (and row ``t`` of the rewards), which is also step ``t + 1``'s input;
+the rollout comes back with time last, as the per-step TensorDicts would stack it.
+
+A :class:`BatchStepper` takes the whole-batch steps: the default through the env's step
+and "maybe reset" hooks, a pool's (:mod:`aenv.pool._pool_rollout`) through its backend's
+stacked rows, overlapping consecutive steps where the backend can.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv._mdp import mask_merge
+from aenv.envs._rollout_steps import _any_done, _Draws, _TensorDicts
+from aenv.envs._rollout_stores import _Fallback, _TimeRows, plan_time_rows
+
+if TYPE_CHECKING:
+    from aenv.envs._common import EnvBase
+
+__all__ = ["BatchStepper", "Stepped", "_BatchRows"]
+
+#: A whole-batch step's results: the stepped input with its ``"next"`` (None when the
+#: stepper left the input as it was: results came as rows), the ``"next"`` content, and
+#: what the step reset: None (nothing), the whole next input (mask None), or reset rows
+#: for the envs a bool mask flags.
+Stepped = tuple[TensorDictBase | None, TensorDictBase, TensorDictBase | None, torch.Tensor | None]
+
+
+class BatchStepper:
+    """How a rollout takes a batched env's whole-batch steps (:class:`_BatchRows` drives it).
+
+    The default runs :meth:`~aenv.EnvBase.step`'s body and, where the rollout goes on
+    through episode ends, :meth:`~aenv.EnvBase._reset_into` (together the body of
+    ``step_and_maybe_reset``): the per-step loop's own calls, so the results are equal.
+    """
+
+    #: whether :meth:`step` starts the next step early from ``ahead`` (its random actions)
+    overlaps = False
+
+    def __init__(self, env: EnvBase) -> None:
+        self.env = env
+
+    async def step(
+        self,
+        td: TensorDictBase,
+        reset: bool,
+        ahead: TensorDictBase | None = None,
+        ahead_reset: bool = False,
+    ) -> Stepped:
+        """Step the whole batch from ``td`` (actions checked already), resetting what the
+        step ended when ``reset``. A stepper that overlaps steps may start the next one
+        (``ahead``: its actions; ``ahead_reset``: whether it resets what it ends) before
+        returning, when this one went well."""
+        env = self.env
+        td = await env._step_checked(td, False)
+        nxt = td.get("next")
+        if not reset:
+            return td, nxt, None, None
+        following = await env._reset_into(td, None)
+        assert not isinstance(following, bool)  # (no row given: nothing written)
+        return td, nxt, following, None
+
+    def close(self) -> None:
+        """Give up what is still in flight (nothing, for the default)."""
+
+
+class _BatchRows(_TimeRows):
+    """Steps of a batched env in time rows (see the module docstring).
+
+    Random actions are drawn into the action rows a chunk at a time (:class:`_Draws`, as
+    the per-step loop draws them); a policy gets each step's input as a TensorDict of
+    views of the carried row, as :class:`_TimeRows` hands them out. After an episode's end
+    somewhere in the batch, the ``"next"`` row is kept aside and the reset rows are written
+    over it (the next input). A step whose results the rows cannot hold (other keys: a
+    sub-env's extra entry) is handed over with the steps before to TensorDicts.
+    """
+
+    def __init__(
+        self,
+        env: EnvBase,
+        first: TensorDictBase,
+        carried: list[str],
+        actions: list[str],
+        shared: dict[str, torch.Tensor],
+        rewards: dict[str, torch.Tensor],
+        draws: _Draws | None,
+        stepper: BatchStepper,
+        plain: bool,
+    ) -> None:
+        super().__init__(env, first, carried, actions, shared, rewards, draws)
+        self.stepper = stepper
+        self.plain = plain
+        self.in_keys = [*carried, *actions]
+        self.in_start = self.in_end = 0
+        self.in_rows: list[tuple[torch.Tensor, ...]] = []
+        self.steps = next(iter(rewards.values())).shape[0]
+        self.batch = first.batch_size
+        self.device = first.device
+        # per key of a step's "next" (and of a next input): its rows (numpy views), and the
+        # shape and dtype of one row
+        self.carried_plan = [
+            (key, self.shared[key].numpy(), self.shared[key].shape[1:], self.shared[key].dtype)
+            for key in carried
+        ]
+        # (a step's "next" goes to row t of these: the carried ones are seen from row 1)
+        after = [(key, self.shared[key][1:]) for key in carried]
+        self.next_plan = [
+            (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
+            for key, leaf in (*after, *rewards.items())
+        ]
+
+    @staticmethod
+    def make(  # type: ignore[override]
+        env: EnvBase,
+        td: TensorDictBase,
+        max_steps: int,
+        draws: _Draws | None,
+        policy: bool,
+        stepper: BatchStepper,
+        plain: bool,
+    ) -> _BatchRows | None:
+        """Rows for a rollout of the batched ``env`` whose first input (its actions taken)
+        is ``td``, or None where they do not apply (:func:`plan_time_rows`)."""
+        if (draws is None) != policy or not td.batch_size:
+            return None
+        planned = plan_time_rows(env, td, max_steps)
+        if planned is None:
+            return None
+        try:
+            for leaf in planned[2].values():
+                leaf.numpy()  # (a dtype numpy lacks: no rows)
+        except TypeError:
+            return None
+        return _BatchRows(env, td, *planned, draws, stepper, plain)
+
+    def _row(self, t: int, keys: Any) -> TensorDictBase:
+        """Row ``t`` of the carried and action buffers (``keys``: which), as a TensorDict of
+        views."""
+        return TensorDict._new_unsafe(keys(t), self.batch, self.device, nested=False)  # type: ignore[arg-type]
+
+    def _inputs(self, t: int) -> dict[str, torch.Tensor]:
+        """Random step ``t``'s input: views of row ``t`` (made a block of rows at a time:
+        indexing a tensor costs more than the rest of the step's bookkeeping)."""
+        if not self.in_start <= t < self.in_end:
+            end = t + self.BLOCK
+            self.in_start, self.in_end = t, end
+            columns = [self.shared[key][t:end].unbind(0) for key in self.carried]
+            columns += [leaf[t:end].unbind(0) for leaf in self.action_rows.values()]
+            self.in_rows = list(zip(*columns))  # (as long as the action rows go)
+        return dict(zip(self.in_keys, self.in_rows[t - self.in_start], strict=True))
+
+    async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
+        env = self.env
+        if env._closed:
+            env._check_open()
+        if self.draws is not None:
+            inputs = self._row(t, self._inputs)
+            ahead = None
+            if self.stepper.overlaps and reset and t + 1 < self.drawn:
+                # the next step's random actions are drawn already: it may start as soon
+                # as this one is back
+                ahead = self._row(t + 1, lambda i: {k: v[i] for k, v in self.action_rows.items()})
+            stepped, nxt, following, mask = await self.stepper.step(
+                inputs, reset, ahead, t + 2 < self.steps
+            )
+        else:
+            self._check_policy_input(td)
+            inputs = td
+            stepped, nxt, following, mask = await self.stepper.step(td, reset)
+            src = td._tensordict
+            for key, values in self.given.items():
+                values.append(src[key])
+        if not self._write(t, nxt, following, mask, reset):
+            self._hand_over(inputs, stepped, nxt, following, mask, reset)
+        self.count = t + 1
+        if reset:
+            return td, False  # (what the step ended is reset already)
+        return td, _any_done(env, nxt)
+
+    def _fits(self, td: TensorDictBase | None, plan: list[tuple[str, Any, Any, Any]]) -> bool:
+        """Whether ``td`` holds exactly ``plan``'s keys, each a tensor of its row's shape and
+        dtype (with no gradient to keep: TensorDicts keep those)."""
+        if type(td) is not TensorDict:
+            return False
+        entries = td._tensordict
+        if len(entries) != len(plan):
+            return False
+        for key, _, shape, dtype in plan:
+            value = entries.get(key)
+            if (
+                type(value) is not torch.Tensor
+                or value.shape != shape
+                or value.dtype != dtype
+                or value.requires_grad
+            ):
+                return False
+        return True
+
+    def _write(
+        self,
+        t: int,
+        nxt: TensorDictBase,
+        following: TensorDictBase | None,
+        mask: torch.Tensor | None,
+        reset: bool,
+    ) -> bool:
+        """Step ``t``'s results into the rows: its ``"next"`` into row ``t + 1`` (rewards:
+        row ``t``); where it reset something, that row kept aside and the next input
+        written over it. False, with nothing written, when they do not fit."""
+        if not self._fits(nxt, self.next_plan):
+            return False
+        resets = following is not None and (mask is not None or _any_done(self.env, nxt))
+        if resets and not self._fits_reset(following, mask):
+            return False
+        entries = nxt._tensordict  # type: ignore[attr-defined]
+        row = t + 1
+        # (numpy views: a row write costs half a tensor's)
+        for key, rows, _, _ in self.next_plan:
+            rows[t] = entries[key].numpy()
+        if resets:
+            assert following is not None
+            self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
+            given = following._tensordict  # type: ignore[attr-defined]
+            for key, rows in self.shared_np:
+                if mask is None:
+                    rows[row] = given[key].numpy()
+                else:
+                    flags = mask.numpy()
+                    rows[row][flags] = given[key].numpy()[flags]
+        return True
+
+    def _fits_reset(self, following: TensorDictBase | None, mask: torch.Tensor | None) -> bool:
+        """Whether the next input after a reset fits the carried rows: the whole input
+        (``mask`` None), or reset rows holding at least the carried keys (a pool's)."""
+        if mask is None:
+            return self._fits(following, self.carried_plan)
+        if type(following) is not TensorDict or mask.dtype != torch.bool:
+            return False
+        entries = following._tensordict
+        for key, _, shape, dtype in self.carried_plan:
+            value = entries.get(key)
+            if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
+                return False
+        return True
+
+    def _hand_over(
+        self,
+        inputs: TensorDictBase,
+        stepped: TensorDictBase | None,
+        nxt: TensorDictBase,
+        following: TensorDictBase | None,
+        mask: torch.Tensor | None,
+        reset: bool,
+    ) -> None:
+        """Raise :class:`_Fallback` with a step the rows cannot hold, as the per-step loop
+        would have kept it (its input with ``"next"``, and the next input)."""
+        if stepped is None:
+            stepped = inputs.clone()
+            stepped.set("next", nxt)
+        next_input = None
+        if reset:
+            next_input = following
+            if following is None or mask is not None:
+                next_input = self.env._step_mdp(stepped)
+                if following is not None:
+                    assert mask is not None
+                    next_input = mask_merge(following.clone(), next_input, mask)
+        raise _Fallback(stepped, next_input)
+
+    async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        return self.advance(td, t)  # (the step reset what it ended)
+
+    def advance(self, td: TensorDictBase, t: int) -> TensorDictBase:
+        if self.draws is not None:
+            return td  # (random steps read their input from the rows)
+        return super().advance(td, t)
+
+    def finish(self) -> TensorDictBase:
+        return _time_last(super().finish(), len(self.batch), self.batch)
+
+    def close(self) -> None:
+        self.stepper.close()
+
+    def fallback(self) -> _TensorDicts:
+        """TensorDicts holding the steps so far, to go on with."""
+        self.close()
+        draws = self.draws
+        if draws is not None:
+            # (the chunk drawn into the action rows, for the TensorDicts to go on from)
+            draws.rows = [(key, value.unbind(0)) for key, value in draws.current.items()]
+        store = _TensorDicts(self.env, True, self.plain, draws is not None, draws, None, False)
+        if self.count:
+            for step in self.finish().unbind(len(self.batch)):
+                store.steps.append(step)
+        return store
+
+
+def _time_last(td: TensorDictBase, dims: int, batch: torch.Size) -> TensorDictBase:
+    """``td`` (time first) with its time dim moved after the ``dims`` batch dims."""
+    entries: dict[str, Any] = {}
+    for key, value in td._tensordict.items():  # type: ignore[attr-defined]
+        if isinstance(value, TensorDictBase):
+            entries[key] = _time_last(value, dims, batch)
+        else:
+            entries[key] = value.movedim(0, dims).contiguous()
+    size = torch.Size((*batch, td.batch_size[0]))
+    return TensorDict._new_unsafe(entries, size, td.device, nested=False)  # type: ignore[arg-type]

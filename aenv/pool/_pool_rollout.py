@@ -1,0 +1,132 @@
+"""A pool's whole-batch rollout steps: the rollout loop's stepper for pools.
+
+The one rollout loop (:mod:`aenv.envs._rollout`) keeps a pool's steps in time rows and takes
+each whole-batch step through :class:`PoolStepper`: the backend's stacked rows (the
+:class:`~aenv.pool._backend.Stacked` result copied into the time rows, no per-step
+``step_mdp`` or reset merge), else the pool's own ``step`` / ``step_and_maybe_reset``.
+
+On a backend whose envs live in other processes and take whole batches stacked
+(``overlaps_steps`` and ``stacks_all``), consecutive steps of a random-action rollout that
+goes on through episode ends overlap: step ``t + 1``'s actions (drawn already, a chunk of
+steps at a time, as every rollout draws them) are staged in the other bank while step ``t``
+runs, and the backend sends step ``t + 1`` the moment step ``t`` came back whole, before this
+task resumes to record step ``t``. Nothing in this process draws random numbers or changes
+what the envs do in between, so the rollout equals the plain loop's: the same keys, values
+and resets, the same random draws, the same error at the same step (a failed step chains
+nothing, and the steps before it stay on the error), and the envs left where the plain loop
+leaves them (the last step is never chained past).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tensordict import TensorDictBase
+
+from aenv.envs._rollout_batch import BatchStepper, Stepped
+from aenv.pool._backend import Stacked
+
+if TYPE_CHECKING:
+    from aenv.pool._pool import AsyncEnvPool
+
+__all__ = ["PoolStepper"]
+
+_SMR = "step_and_maybe_reset"
+
+
+class PoolStepper(BatchStepper):
+    """A pool's whole-batch rollout steps (see the module docstring)."""
+
+    def __init__(self, pool: AsyncEnvPool) -> None:
+        super().__init__(pool)
+        self.pool = pool
+        backend = pool._backend
+        self.overlaps = bool(
+            backend.overlaps_steps
+            and backend.stacks_all
+            and pool.on_error == "raise"
+            and pool._stacked_ok()
+        )
+        self.bank = 0
+        self.call: Any = None  # the next step, sent ahead (chained to the one before)
+        self.held = False  # every env marked busy with a call in flight (pool._hold_all)
+
+    async def step(
+        self,
+        td: TensorDictBase,
+        reset: bool,
+        ahead: TensorDictBase | None = None,
+        ahead_reset: bool = False,
+    ) -> Stepped:
+        pool = self.pool
+        op = _SMR if reset else "step"
+        if self.call is None:
+            pool._check_open()
+            pool._check_batch(td)
+        if self.overlaps:
+            out = await self._overlapped(op, td, ahead, _SMR if ahead_reset else "step")
+        else:
+            out = await pool._run_stacked(op, td)
+        if isinstance(out, Stacked):
+            if not reset:
+                return None, pool._step_proc_data(out.next, td), None, None
+            return None, pool._stacked_proc_data(out.next, td), out.reset, out.reset_mask
+        if out is None:  # (nothing started: the pool's per-env path)
+            if not reset:
+                td = await pool.step(td)
+                return td, td.get("next"), None, None
+            td, following = await pool.step_and_maybe_reset(td)
+            return td, td.get("next"), following, None
+        # per-env outcomes (some env answered pickled), the failed ones raised
+        pool._raise_failures(op, pool._all, out)
+        following = pool._outcomes_next_input(td, out)
+        return td, td.get("next"), following if reset else None, None
+
+    async def _overlapped(
+        self, op: str, td: TensorDictBase, ahead: TensorDictBase | None, ahead_op: str
+    ) -> Stacked | list[Any] | None:
+        """Step ``td`` on the backend's banks (the call sent ahead for it, if any), and
+        chain the next step (``ahead``) to it. None: nothing started."""
+        pool, backend = self.pool, self.pool._backend
+        timeout = pool.step_timeout
+        call, self.call = self.call, None
+        if call is None:
+            if not backend.stage_stacked(td, self.bank):
+                return None
+            await pool._hold_all()
+            self.held = True
+            call = backend.launch_stacked(op, self.bank, timeout)
+            if call is None:
+                self._release()
+                return None
+        chained = None
+        try:
+            if ahead is not None and backend.stage_stacked(ahead, 1 - self.bank):
+                chained = backend.chain_stacked(call, ahead_op, 1 - self.bank, timeout)
+            outcomes = await backend.wait_stacked(call)
+        except BaseException:
+            backend.abandon_stacked(call)
+            if chained is not None:
+                backend.abandon_stacked(chained)
+            self._release()
+            raise
+        if chained is not None and chained.sent:  # (only when this step came back whole)
+            self.call, self.bank = chained, 1 - self.bank
+        else:
+            self._release()
+        if outcomes is not None:  # some env failed, or answered pickled
+            return pool._pool_failures(op, outcomes)
+        return backend.read_stacked(call)
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.pool._release_all()
+
+    def close(self) -> None:
+        """Give up the step sent ahead that nobody will wait for (the rollout ended early:
+        an error, a cancel) and free the envs."""
+        if self.call is not None:
+            call, self.call = self.call, None
+            self.pool._backend.abandon_stacked(call)
+        self._release()
