@@ -188,10 +188,12 @@ def _limit_one(n: int, median: float, mode: str, duration: float) -> dict[str, A
         gc.callbacks.append(clock)
         steps, cpu = anyio.run(_stream_run, n, median, 1.0, duration, mode == "freeze")
     gc.callbacks.remove(clock)
+    if not steps:  # nothing came back in time (an overloaded machine): no per-step figure
+        return {"steps": 0, "cpu_us": None, "gc_us": None, "full": clock.full}
     return {
         "steps": steps,
-        "cpu_us": 1e6 * cpu / max(steps, 1),
-        "gc_us": 1e6 * clock.seconds / max(steps, 1),
+        "cpu_us": 1e6 * cpu / steps,
+        "gc_us": 1e6 * clock.seconds / steps,
         "full": clock.full,
     }
 
