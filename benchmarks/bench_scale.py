@@ -12,7 +12,16 @@ What it compares (all aenv, one run):
 * startup time to the first reset for each backend;
 * 1,024 to 16,384 coroutine envs in one process: build and reset CPU time per env, memory
   per env (RSS growth) and GC-tracked objects per env, each size in a fresh interpreter;
-* cost growth: framework time per env-step with zero-latency envs, per backend and N.
+* cost growth: framework time per env-step with zero-latency envs, per backend and N;
+* the streaming loop against its limit at 1,024 to 16,384 envs (lognormal latencies,
+  sigma 1): at a fixed ideal rate (the median grows with N) and at a fixed median (200 ms,
+  where the machine becomes the bottleneck). The limit is the same load without a pool:
+  one plain asyncio task per env that sleeps the same seeded latencies and builds one
+  TensorDict per step. Each row runs in a fresh interpreter; besides % of ideal it gives
+  the CPU time per env-step and the part of it the cyclic garbage collector took (timed
+  with ``gc.callbacks``), with the collector as is and with ``gc.freeze()`` after the
+  build;
+* the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes.
 
 Run: ``python benchmarks/bench_scale.py [--quick]``
 """
@@ -75,6 +84,192 @@ async def stream_rate(pool: Any, duration: float) -> float:
     while in_flight:  # drain, so the pool closes with nothing in flight
         in_flight -= (await pool.async_step_recv(min_get=1)).get("env_index").numel()
     return count / elapsed
+
+
+class _GcClock:
+    """CPU time the cyclic garbage collector takes, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._t0 = 0.0, 0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._t0
+            self.full += info["generation"] == 2
+
+
+async def _limit_run(n: int, median: float, sigma: float, duration: float) -> tuple[int, float]:
+    """The limit: ``n`` plain tasks, each sleeping its env's seeded latencies and building
+    one TensorDict per step (what a LatencyEnv step returns). Steps counted from the start
+    until ``duration``, and the CPU time it took."""
+    import asyncio
+    import math
+
+    import numpy as np
+    from tensordict import TensorDict
+
+    count, stop = 0, False
+
+    async def one(i: int) -> None:
+        nonlocal count
+        rng = np.random.default_rng(i)
+        steps = 0
+        while not stop:
+            await asyncio.sleep(median * math.exp(sigma * rng.standard_normal()))
+            steps += 1
+            TensorDict(
+                {
+                    "observation": torch.full((4,), float(steps)),
+                    "latency": torch.full((1,), 0.0),
+                    "reward": torch.ones(1),
+                    "terminated": torch.zeros(1, dtype=torch.bool),
+                    "truncated": torch.zeros(1, dtype=torch.bool),
+                    "done": torch.zeros(1, dtype=torch.bool),
+                },
+                batch_size=(),
+            )
+            if not stop:
+                count += 1
+
+    t0 = time.process_time()
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    await asyncio.sleep(duration)
+    stop, steps, cpu = True, count, time.process_time() - t0
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return steps, cpu
+
+
+async def _stream_run(
+    n: int, median: float, sigma: float, duration: float, freeze: bool
+) -> tuple[int, float]:
+    """The streaming loop of :func:`stream_rate` on ``n`` LatencyEnvs: steps returned in
+    ``duration`` from the first send, and the CPU time the loop took."""
+    pool = _make_pool(n, median=median, sigma=sigma)
+    try:
+        td = await pool.reset()
+        if freeze:
+            gc.freeze()
+        actions = pool.rand_action(td)
+        t0, c0 = time.perf_counter(), time.process_time()
+        pool.async_step_send(actions, env_index=list(range(n)))
+        in_flight, count = n, 0
+        while True:
+            out = await pool.async_step_recv(min_get=1)
+            idx = out.get("env_index").reshape(-1)
+            in_flight -= idx.numel()
+            if time.perf_counter() - t0 > duration:
+                break
+            count += idx.numel()
+            pool.async_step_send(actions[idx], env_index=idx)
+            in_flight += idx.numel()
+        cpu = time.process_time() - c0
+        while in_flight:
+            in_flight -= (await pool.async_step_recv(min_get=1)).get("env_index").numel()
+        return count, cpu
+    finally:
+        await pool.aclose()
+        if freeze:
+            gc.unfreeze()
+
+
+def _limit_one(n: int, median: float, mode: str, duration: float) -> dict[str, Any]:
+    """One row cell of :func:`limit_rows`, in this (fresh) process: ``mode`` is "limit",
+    "aenv" or "freeze" (aenv with ``gc.freeze()`` after the build and reset)."""
+    clock = _GcClock()
+    gc.collect()
+    if mode == "limit":
+        gc.callbacks.append(clock)
+        steps, cpu = anyio.run(_limit_run, n, median, 1.0, duration)
+    else:
+        gc.callbacks.append(clock)
+        steps, cpu = anyio.run(_stream_run, n, median, 1.0, duration, mode == "freeze")
+    gc.callbacks.remove(clock)
+    if not steps:  # nothing came back in time (an overloaded machine): no per-step figure
+        return {"steps": 0, "cpu_us": None, "gc_us": None, "full": clock.full}
+    return {
+        "steps": steps,
+        "cpu_us": 1e6 * cpu / steps,
+        "gc_us": 1e6 * clock.seconds / steps,
+        "full": clock.full,
+    }
+
+
+def limit_rows(quick: bool) -> list[dict[str, Any]]:
+    """The streaming loop against its limit (see the module docstring); each cell in a
+    fresh interpreter. % of ideal: steps against the same envs' own latencies replayed
+    back to back for the same time (``latency_ideal_steps``)."""
+    import json
+    import subprocess
+
+    configs = (
+        [(256, 0.032), (1024, 0.128), (1024, 0.05)]
+        if quick
+        else [(1024, 0.128), (4096, 0.512), (16_384, 2.048), (4096, 0.2), (16_384, 0.2)]
+    )
+    rows = []
+    for n, median in configs:
+        duration = (1.0 if quick else 4.0) + 3 * median
+        ideal = sum(
+            latency_ideal_steps(duration, median=median, sigma=1.0, seed=i) for i in range(n)
+        )
+        row: dict[str, Any] = {
+            "envs": n,
+            "median latency (ms)": 1000 * median,
+            "N / E[latency]": n / expected_latency(median, 1.0),
+            "ideal env-steps/s": ideal / duration,
+        }
+        for mode in ("limit", "aenv", "freeze"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--limit-one", str(n), str(median), mode, str(duration)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            cell = json.loads(out.strip().splitlines()[-1])
+            name = {"limit": "limit", "aenv": "aenv", "freeze": "aenv, gc.freeze()"}[mode]
+            row[f"{name} %"] = 100 * cell["steps"] / ideal
+            row[f"{name} CPU us/step"] = cell["cpu_us"]
+            if mode != "limit":
+                row[f"{name} GC us/step"] = cell["gc_us"]
+        rows.append(row)
+    return rows
+
+
+def runner_rows(quick: bool) -> list[dict[str, Any]]:
+    """The episode runner of ``bench_agents`` at 256 and 4,096 concurrent episodes (two
+    episodes per slot, 4 turns, policy and env latencies lognormal): % of its ideal."""
+    from aenv.sync import get_runner
+    from benchmarks import bench_agents
+    from benchmarks._common import agent_schedule, ideal_makespan
+
+    rows = []
+    for cap in [64, 256] if quick else [256, 4096]:
+        p = {**bench_agents.FULL, "concurrency": cap, "n_episodes": 2 * cap, "turns": 4}
+        policy_lat, env_lat = agent_schedule(
+            0,
+            2 * cap,
+            4,
+            (p["policy_median"], p["policy_sigma"]),
+            (p["env_median"], p["env_sigma"]),
+        )
+        ideal = ideal_makespan(policy_lat.sum(1) + env_lat.sum(1), cap)
+        gc.collect()
+        seconds = get_runner().run(bench_agents._runner, p, policy_lat, env_lat)
+        rows.append(
+            {
+                "concurrent episodes": cap,
+                "episodes": 2 * cap,
+                "turns": 4,
+                "seconds": seconds,
+                "ideal (s)": ideal,
+                "% of ideal": 100 * ideal / seconds,
+            }
+        )
+    return rows
 
 
 async def lockstep_rate(pool: Any, duration: float) -> float:
@@ -240,6 +435,8 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
         "spread": spread_rows(quick),
         "startup": startup_rows(quick),
         "cost": cost_rows(quick),
+        "limit": limit_rows(quick),
+        "runner": runner_rows(quick),
         "memory": memory_rows(quick),  # last: it leaves the most garbage behind
     }
 
@@ -248,7 +445,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--memory-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--limit-one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.limit_one:
+        import json
+
+        torch.set_num_threads(1)
+        n, median, mode, duration = args.limit_one
+        print(json.dumps(_limit_one(int(n), float(median), mode, float(duration))))
+        return
     if args.memory_one:
         import json
 
@@ -262,6 +467,8 @@ def main() -> None:
         "startup": "Startup time to first reset",
         "memory": "Many envs in one process",
         "cost": "Framework cost per env-step (zero-latency envs, lockstep)",
+        "limit": "Streaming loop vs its limit (lognormal sigma 1; CPU and GC per env-step)",
+        "runner": "Episode runner: 256 vs 4,096 concurrent episodes",
     }
     for key, rows in results.items():
         print_table(titles[key], rows)

@@ -131,6 +131,21 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
             fig.savefig(out / "scale_envs.png", dpi=100)
             plt.close(fig)
             made.append("scale_envs.png")
+        # the streaming loop against its limit at a fixed ideal rate (4.85k env-steps/s)
+        rows = [r for r in scale.get("limit") or [] if r["N / E[latency]"] < 6000]
+        if rows:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            xs = [r["envs"] for r in rows]
+            for col, style in (("limit %", "k--"), ("aenv %", "o-"), ("aenv, gc.freeze() %", "s-")):
+                ax.semilogx(xs, [r[col] for r in rows], style, label=col.removesuffix(" %"))
+            ax.set_xlabel("number of envs (median latency grows with N: same ideal rate)")
+            ax.set_ylabel("% of ideal env-steps/s")
+            ax.set_title("Streaming loop vs its limit")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / "scale_limit.png", dpi=100)
+            plt.close(fig)
+            made.append("scale_limit.png")
         rows = scale.get("spread") or []
         if rows:
             fig, ax = plt.subplots(figsize=(6, 4))

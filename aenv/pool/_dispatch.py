@@ -315,6 +315,8 @@ class _Dispatcher:
         """Wake the receivers of ``op`` waiting for env ``i`` and those waiting for any
         env (``i=None``: every receiver of ``op``); each checks again what it waits for."""
         waiters = self._recv_waiters[op]
+        if not waiters:  # the usual case: one receiver, already woken by an earlier result
+            return
         for key in list(waiters) if i is None else (i, None):
             for fut in waiters.pop(key, ()):
                 if not fut.done():
