@@ -174,7 +174,7 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
                 "TorchRL": 100.0 * trl_rate / rate if trl_rate else None,
             }
         )
-    return {"": rows, "plot": plot}
+    return {"": rows, "% of the limit": plot}
 
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
@@ -210,7 +210,7 @@ def main() -> None:
     res = run(args.quick)
     print_table(f"{N_ENVS} CPU-bound envs on {CORES} cores: env-steps/s (% of the limit)", res[""])
     if args.plot:
-        plot(res["plot"], args.plot)
+        plot(res["% of the limit"], args.plot)
     print(f"({time.perf_counter() - t:.0f} s)")
 
 

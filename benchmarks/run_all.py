@@ -64,6 +64,11 @@ BENCHMARKS = [
         "Scale: envs per process, latency spread, startup, memory, cost growth",
     ),
     (
+        "scaling",
+        "bench_scaling",
+        "8 CPU-bound envs on 2 processes/cores against the limit, as the cost of a step grows",
+    ),
+    (
         "llm",
         "bench_llm",
         "256 tool-calling episodes against loopback model and tool servers (overhead per turn)",
@@ -179,6 +184,12 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / "startup.png", dpi=100)
         plt.close(fig)
         made.append("startup.png")
+    scaling = results.get("scaling")
+    if isinstance(scaling, dict) and len(scaling.get("% of the limit") or []) > 1:
+        from benchmarks.bench_scaling import plot
+
+        plot(scaling["% of the limit"], out / "scaling.png")
+        made.append("scaling.png")
     return made
 
 
