@@ -18,6 +18,8 @@ from aenv.pool._coroutine import CoroutineBackend
 from aenv.pool._process import ProcessBackend
 from aenv.testing import CountingEnv
 
+from .test_process_stacked import assert_same
+
 pytestmark = pytest.mark.timeout(180)
 
 N = 4
@@ -113,12 +115,7 @@ async def test_masked_whole_batch_steps_equal_the_per_env_path(name, backend, mo
     if name != "pendulum":  # (no episode ends)
         assert any(bool(t["next", "done"].any()) for t in expected[::2])
     for a, b in zip(expected, got, strict=True):
-        keys = sorted(a.keys(True, True), key=str)
-        assert keys == sorted(b.keys(True, True), key=str)
-        for key in keys:
-            x, y = a.get(key), b.get(key)
-            assert x.dtype == y.dtype and x.shape == y.shape, key
-            assert torch.equal(x, y), key
+        assert_same(a, b)
     if name.startswith("cartpole") or (backend == "process" and name == "counting"):
         # partial masks went whole-batch with only the selected envs stepping (envs that
         # write their rows in this process; flat specs in the workers' blocks)
