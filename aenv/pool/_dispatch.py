@@ -286,14 +286,16 @@ class _Dispatcher:
             t.timer = asyncio.get_running_loop().call_later(self.step_timeout, self._expire, t)
         self._backend.submit(t.index, "reset", (None, {}))
 
-    async def _restart_failed(self, op: str, outcomes: list[Any], indices: Sequence[int]) -> None:
-        """Under ``on_error="restart"``, restart the envs whose step failed in a
-        whole-batch call that ran outside tickets (a backend's stacked path; env
-        ``indices[pos]`` at position ``pos``), as a ticketed step's failure is restarted:
-        their outcomes become the truncated steps."""
+    async def _restart_failed(
+        self, op: str, outcomes: list[Any], indices: Sequence[int]
+    ) -> frozenset[int]:
+        """Unless ``on_error="raise"``, restart the envs whose step failed in a whole-batch
+        call that ran outside tickets (env ``indices[pos]`` at position ``pos``), as a
+        ticketed step's failure is restarted: their outcomes become the truncated steps.
+        Returns the positions restarted."""
         failed = [pos for pos, o in enumerate(outcomes) if isinstance(o, Failure)]
-        if self.on_error != "restart" or op not in _RESTARTABLE or not failed:
-            return
+        if self.on_error == "raise" or op not in _RESTARTABLE or not failed:
+            return frozenset()
         batch = _Batch(len(failed), asyncio.get_running_loop().create_future())
         tickets = []
         for k, pos in enumerate(failed):
@@ -305,6 +307,7 @@ class _Dispatcher:
             self._restart(t, outcomes[pos].exc)
         for pos, outcome in zip(failed, await self._await_batch(batch, tickets)):
             outcomes[pos] = outcome
+        return frozenset(failed)
 
     def _observed(self, outcome: Any) -> Any:
         """A step that went well, under ``on_error="observe"``: empty error entries."""
@@ -390,7 +393,7 @@ class _Dispatcher:
             await self._wait_orphans()
         self._check_free(indices)
         backend = self._backend
-        if backend.has_run_batch and self.max_concurrency is None and self.on_error == "raise":
+        if backend.has_run_batch and self.max_concurrency is None:
             tickets = self._tickets
             for i in indices:
                 tickets[i] = _FAST
@@ -400,25 +403,17 @@ class _Dispatcher:
                 for i in indices:
                     if tickets[i] is _FAST:
                         tickets[i] = None
-            for pos, o in enumerate(outcomes):
-                if isinstance(o, Failure):
-                    err = self._to_error(indices[pos], op, o)
-                    self.last_errors[indices[pos]] = err
-                    outcomes[pos] = Failure(err, o.traceback)
-            return outcomes
+            return await self._batch_faults(op, outcomes, indices)
         return await self._run_generic(op, indices, payloads)
 
     def _stacked_ok(self) -> bool:
-        """Whether whole-batch steps may take the backend's stacked path. Under
+        """Whether whole-batch steps may take the backend's stacked path: under
         ``max_concurrency`` only where the stacked path steps one env at a time (envs in
-        this process, run inline: never more than one works); not when every step carries
-        its error entries (``"observe"``). Failed envs are restarted as on the ticketed
-        path (``"restart"``)."""
+        this process, run inline: never more than one works). The fault policies apply as
+        on the ticketed path (:meth:`_batch_faults`)."""
         backend = self._backend
-        return (
-            backend.has_run_stacked
-            and (self.max_concurrency is None or not backend.overlaps_steps)
-            and self.on_error != "observe"
+        return backend.has_run_stacked and (
+            self.max_concurrency is None or not backend.overlaps_steps
         )
 
     async def _hold_all(self, indices: Sequence[int] | None = None) -> Sequence[int]:
@@ -453,6 +448,22 @@ class _Dispatcher:
                 outcomes[pos] = Failure(err, o.traceback)
         return outcomes
 
+    async def _batch_faults(
+        self, op: str, outcomes: list[Any], indices: Sequence[int]
+    ) -> list[Any]:
+        """The fault policy on the per-env outcomes of a whole-batch call that ran outside
+        tickets (``run_batch``, the stacked path), as :meth:`_deliver` applies it to a
+        ticket's: failures become the pool's errors; under ``"restart"`` and ``"observe"``
+        failed steps restart their envs (truncated steps), and under ``"observe"`` every
+        step carries its error entries."""
+        outcomes = self._pool_failures(op, outcomes, indices)
+        failed = await self._restart_failed(op, outcomes, indices)
+        if self.on_error == "observe" and op in _RESTARTABLE:
+            for pos, o in enumerate(outcomes):
+                if pos not in failed and not isinstance(o, Failure):
+                    outcomes[pos] = self._observed(o)
+        return outcomes
+
     async def _run_stacked(
         self, op: str, td: Any, indices: Sequence[int] | None = None
     ) -> Stacked | list[Any] | None:
@@ -469,8 +480,9 @@ class _Dispatcher:
         finally:
             self._release_all()
         if isinstance(out, list):
-            out = self._pool_failures(op, out, held)
-            await self._restart_failed(op, out, held)
+            return await self._batch_faults(op, out, held)
+        if out is not None and self.on_error == "observe":
+            write_error(out.next, None)  # (every env's step went well)
         return out
 
     async def _run_generic(
