@@ -481,8 +481,13 @@ class _Dispatcher:
             self._release_all()
         if isinstance(out, list):
             return await self._batch_faults(op, out, held)
-        if out is not None and self.on_error == "observe":
-            write_error(out.next, None)  # (every env's step went well)
+        return out if out is None else self._stacked_went_well(out)
+
+    def _stacked_went_well(self, out: Stacked) -> Stacked:
+        """A stacked result (every env's step went well) under the fault policy: with
+        ``"observe"``, its empty error entries, written once for the whole batch."""
+        if self.on_error == "observe":
+            write_error(out.next, None)
         return out
 
     async def _run_generic(

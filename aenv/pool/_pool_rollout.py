@@ -41,10 +41,12 @@ class PoolStepper(BatchStepper):
         super().__init__(pool)
         self.pool = pool
         backend = pool._backend
+        # (not under "observe": its error strings do not fit the time rows, so its steps
+        # are kept as TensorDicts, one at a time)
         self.overlaps = bool(
             backend.overlaps_steps
             and backend.stacks_all
-            and pool.on_error == "raise"
+            and pool.on_error != "observe"
             and pool._stacked_ok()
         )
         self.bank = 0
@@ -114,9 +116,9 @@ class PoolStepper(BatchStepper):
             self.call, self.bank = chained, 1 - self.bank
         else:
             self._release()
-        if outcomes is not None:  # some env failed, or answered pickled
-            return pool._pool_failures(op, outcomes)
-        return backend.read_stacked(call)
+        if outcomes is not None:  # some env failed, or answered pickled (nothing chained)
+            return await pool._batch_faults(op, outcomes, pool._all)
+        return pool._stacked_went_well(backend.read_stacked(call))
 
     def _release(self) -> None:
         if self.held:

@@ -16,6 +16,8 @@ from aenv import AsyncEnvPool
 from aenv.pool._dispatch import ERROR_KEYS
 from aenv.testing import FailingEnv
 
+from .test_process_stacked import spy_launches
+
 pytestmark = pytest.mark.timeout(180)
 
 N = 3
@@ -129,21 +131,29 @@ async def test_fault_policies_keep_the_whole_batch_path(backend, on_error, op, m
         assert calls == []
 
 
+@pytest.mark.parametrize("on_error", ["restart", "observe"])
 @pytest.mark.parametrize("backend", ["coroutine", "process"])
-async def test_observe_rollout_on_the_whole_batch_path(backend):
+async def test_rollouts_keep_the_whole_batch_path(backend, on_error, monkeypatch):
     kw: dict[str, Any] = {"num_workers": 2} if backend == "process" else {}
+    launches = spy_launches(monkeypatch)
     async with (
-        AsyncEnvPool(_fns(), backend=backend, on_error="observe", **kw) as fast,
-        AsyncEnvPool(_fns(), backend=backend, on_error="observe", **kw) as slow,
+        AsyncEnvPool(_fns(), backend=backend, on_error=on_error, **kw) as fast,
+        AsyncEnvPool(_fns(), backend=backend, on_error=on_error, **kw) as slow,
     ):
-        _tickets_only(slow)
         torch.manual_seed(0)
         got = await fast.rollout(STEPS, break_when_any_done=False)
+        _tickets_only(slow)
         torch.manual_seed(0)
         want = await slow.rollout(STEPS, break_when_any_done=False)
     assert got.batch_size == want.batch_size == torch.Size([N, STEPS])
-    assert _plain(got) == _plain(want) or _same_but_tracebacks(got, want)
-    assert got["next", "error_type"].tolist()[1][2] == "RuntimeError"
+    assert _same_but_tracebacks(got, want)
+    # env 1's third step failed and was restarted
+    assert got["next", "done"][1, 2].item() and not got["next", "terminated"][1, 2].item()
+    if on_error == "observe":
+        assert got["next", "error_type"].tolist()[1][2] == "RuntimeError"
+    if backend == "process" and on_error == "restart":
+        # consecutive steps overlapped (sent ahead by the backend) under the fault policy
+        assert launches.chained
 
 
 def _same_but_tracebacks(a: TensorDictBase, b: TensorDictBase) -> bool:
