@@ -56,6 +56,7 @@ from aenv.exceptions import (
     WorkerCrashedError,
     WorkerRestartError,
 )
+from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_support import (
@@ -546,7 +547,7 @@ class ProcessBackend(ClosingMixin, Backend):
                     return slots["reset"].read()
                 return slots["next"].read(), (slots["reset"].read() if data else None)
             if code == PICKLED:
-                return pickle.loads(data)
+                return codec.loads(data)
             exc, tb = pickle.loads(data)
             return Failure(exc, tb)
         except Exception as exc:
@@ -599,7 +600,7 @@ class ProcessBackend(ClosingMixin, Backend):
                 return None
         elif op == "reset" and payload[0] is None and not payload[1]:
             return None
-        return pickle.dumps(payload, protocol=_DUMP)
+        return codec.dumps(payload)
 
     # ------------------------------------------------------------------ whole batch
     async def run_batch(

@@ -59,6 +59,7 @@ import torch
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import EnvStepError
+from aenv.pool import _codec as codec
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ops import drive, execute, execute_inline, lean_inline, runs_inline, step_rows
 from aenv.pool._process_support import close_inherited
@@ -455,7 +456,7 @@ class _Runtime:
                     # read their buffers); entries it adds do not land in the slot
                     payload = slots["in"].view()
             else:
-                payload = pickle.loads(data)
+                payload = codec.loads(data)
         except Exception as exc:
             self._done(i, seq, batch, FAILED, pack_failure(exc))
             return
@@ -535,7 +536,7 @@ class _Runtime:
                     self._done(i, seq, batch, SLOT, rst is not None)
                     return
         try:
-            data = pickle.dumps(result, protocol=_DUMP)
+            data = codec.dumps(result)
         except Exception as exc:
             self._done(i, seq, batch, FAILED, pack_failure(exc))
         else:

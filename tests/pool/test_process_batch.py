@@ -20,6 +20,7 @@ from tensordict import NonTensorData
 
 from aenv import EnvBase, EnvStepError, PoolError, StepTimeoutError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
+from aenv.pool import _codec as codec
 from aenv.pool._process_worker import PICKLED, SLOT, _Runtime
 from aenv.testing import CountingEnv, DynamicSpecEnv, FailingEnv, LatencyEnv, TextEnv
 
@@ -284,7 +285,7 @@ async def test_worker_batch_replies_once_without_a_cancelled_env():
     rt._handle_frames([[("batch", 7, "step", items, False), ("cancel", 0, 7)]])
     ((kind, seq, entries),) = chan.sent
     assert (kind, seq) == ("b", 7) and [(i, code) for i, code, _ in entries] == [(1, PICKLED)]
-    assert pickle.loads(entries[0][2])["observation"].item() == 1
+    assert codec.loads(entries[0][2])["observation"].item() == 1
     with anyio.fail_after(10):  # the cancelled task's bookkeeping runs in later loop turns
         while rt.tasks:
             await asyncio.sleep(0)
