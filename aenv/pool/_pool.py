@@ -22,7 +22,7 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
 from aenv.pool._backend import Failure, Stacked, backend_class, normalize_backend_name
-from aenv.pool._dispatch import _Ticket, write_error
+from aenv.pool._dispatch import ERROR_KEYS, _Ticket, write_error
 from aenv.pool._per_env import PerEnvMixin
 from aenv.pool._pool_rollout import PoolStepper
 from aenv.pool._stacking import split_inputs, stack_results
@@ -660,6 +660,16 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
     def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:
         """The input of the next step from a stepped tensordict (keeps ``"env_index"``)."""
         return self._step_mdp(tensordict)
+
+    def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
+        out = super()._step_mdp(td)
+        if self.on_error == "observe":
+            # a step's error entries describe that step, as its reward does: they do not
+            # become the next step's input (nor its observations in a trajectory)
+            present = [key for key in ERROR_KEYS if key in out.keys()]
+            if present:
+                out = out.exclude(*present)
+        return out
 
     # ------------------------------------------------------------------ closing
     async def _aclose(self) -> None:

@@ -71,6 +71,7 @@ async def _run(pool: AsyncEnvPool, op: str) -> list[dict[str, Any]]:
                 td = await pool.reset(td.set("_reset", done.unsqueeze(-1)))
         else:
             stepped, td = await pool.step_and_maybe_reset(td)
+        assert not any(key in td.keys() for key in ERROR_KEYS)
         seen.append(_plain(stepped))
         seen.append(_plain(td))
     for rec in seen:
@@ -151,6 +152,8 @@ async def test_rollouts_keep_the_whole_batch_path(backend, on_error, monkeypatch
     assert got["next", "done"][1, 2].item() and not got["next", "terminated"][1, 2].item()
     if on_error == "observe":
         assert got["next", "error_type"].tolist()[1][2] == "RuntimeError"
+        # a step's error entries stay in its "next": they are no step's input
+        assert not any(key in got.keys() for key in ERROR_KEYS)
     if backend == "process" and on_error == "restart":
         # consecutive steps overlapped (sent ahead by the backend) under the fault policy
         assert launches.chained
