@@ -122,7 +122,9 @@ def _encode(obj: Any, big: list[np.ndarray]) -> Any:
                     entries[key] = _Big(len(big))
                     big.append(array)
                 else:
-                    entries[key] = array
+                    # raw bytes: pickling a small ndarray (its reduce, its dtype) costs
+                    # four times as much, and a step's TensorDicts are mostly small arrays
+                    entries[key] = (array.tobytes(), array.dtype.str, array.shape)
             else:
                 raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
         device = None if obj.device is None else str(obj.device)
@@ -132,7 +134,18 @@ def _encode(obj: Any, big: list[np.ndarray]) -> Any:
     return obj
 
 
+#: numpy dtypes by their ``dtype.str`` (parsing the string costs more than the lookup)
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
 def _tensor(value: Any, big: list[np.ndarray]) -> torch.Tensor:
+    if type(value) is tuple:
+        data, code, shape = value
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            dtype = _DTYPES[code] = np.dtype(code)
+        # (a copy: frombuffer views the pickle's immutable bytes)
+        return torch.from_numpy(np.frombuffer(data, dtype).reshape(shape).copy())
     if type(value) is _Big:
         array = big[value]
         # an array Ray read from its object store is a read-only view of shared memory

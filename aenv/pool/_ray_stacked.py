@@ -79,6 +79,7 @@ class RayStacked:
         inputs = tensordict.exclude("next", "_step")
         wanted = None if indices is None else set(indices)
         calls: list[tuple[_Group, int, list[int], Any]] = []
+        refs = []  # (held until the answers are in: the refs own the calls' results)
         for g in self._groups:
             lo, hi = g.indices[0], g.indices[-1] + 1
             part = inputs if len(self._groups) == 1 else inputs[lo:hi]
@@ -89,6 +90,7 @@ class RayStacked:
             except Exception as exc:  # Ray could not take the input (not serialisable)
                 calls.append((g, g.gen, stepping, Failure(exc)))
                 continue
+            refs.append(ref)
             calls.append((g, g.gen, stepping, asyncio.wrap_future(ref.future())))
         futures = [c[3] for c in calls if not isinstance(c[3], Failure)]
         try:
@@ -100,7 +102,9 @@ class RayStacked:
                 future.add_done_callback(_retrieve)
             self._give_up_stacked(calls)
             raise
-        return self._join(op, calls, indices, step_timeout)
+        out = self._join(op, calls, indices, step_timeout)
+        del refs
+        return out
 
     def _give_up_stacked(self, calls: list[tuple[_Group, int, list[int], Any]]) -> None:
         """The caller was cancelled: tell the actors to stop the calls' envs."""
