@@ -3,13 +3,21 @@
 Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its envs from
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
-The operations submitted in one turn of the pool's loop go to each actor as one call
-(``exchange``), which answers with the results finished by then, at least one: a whole-batch
-step of sync envs costs one call per actor, and envs that take their time come back in later
-answers, as they finish (an empty ``exchange`` is held open on an actor with results to
-come and no call in flight). Each answer's ``ObjectRef`` completes a future whose callback
-hands the outcomes to the pool's loop (``call_soon_threadsafe``): nothing polls. Tensors
-travel as numpy arrays, big ones out of band (through Ray's shared-memory object store).
+
+Whole-batch steps (``step``, ``step_and_maybe_reset`` and the rollout over the pool, masked
+ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one call per
+actor carrying its slice of the stacked input, the actor's envs stepping into its own
+preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine backend, as an
+in-process pool steps them), the stacked rows back as numpy arrays.
+
+Everything else (streaming, per-env calls, resets, the envs of a whole batch that are not
+free for the stacked path) goes per operation: the operations submitted in one turn of the
+pool's loop go to each actor as one call (``exchange``), which answers with the results
+finished by then, at least one, and envs that take their time come back in later answers,
+as they finish (an empty ``exchange`` is held open on an actor with results to come and no
+call in flight). Each answer's ``ObjectRef`` completes a future whose callback hands the
+outcomes to the pool's loop (``call_soon_threadsafe``): nothing polls. Tensors travel as
+numpy arrays, big ones out of band (through Ray's shared-memory object store).
 
 Faults. Every actor has a call held open for its life (``watch``): when the actor's
 process dies, that call and the ``exchange`` calls in flight fail at once, the pending
@@ -43,6 +51,7 @@ from aenv.pool._backend import Backend, Failure
 from aenv.pool._ray_actor import EnvActor, Item, pack, unpack
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
 from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
+from aenv.pool._ray_stacked import RayStacked
 
 __all__ = ["RayBackend"]
 
@@ -54,7 +63,7 @@ _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 DEFAULT_NUM_CPUS = 0.25
 
 
-class RayBackend(RayFaults, Backend):
+class RayBackend(RayStacked, RayFaults, Backend):
     """Runs sub-envs in Ray actors (see the module docstring).
 
     Options (``backend_options=`` of the pool):
@@ -82,6 +91,7 @@ class RayBackend(RayFaults, Backend):
 
     name = "ray"
     overlaps_steps = True
+    has_run_stacked = True
 
     def __init__(
         self,

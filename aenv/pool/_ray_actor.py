@@ -16,6 +16,10 @@ its time comes back in a later call (the next submission, or an empty ``exchange
 driver holds open while it waits). So a whole-batch step costs one call per actor, and
 streamed envs come back as they finish, several per answer when they finish together.
 
+A whole-batch step is :meth:`EnvActor.stacked`: the actor's slice of the pool's stacked
+input in, its envs stepping into preallocated rows as an in-process pool's do (through the
+coroutine backend's ``run_stacked``), the stacked rows out, in one call.
+
 Operations carry a sequence number per env. The driver gives an operation up (a cancel, a
 step timeout, a replace) by telling the actor; an operation that arrives after a newer one
 was seen for its env, or after it was given up, is stale and not run. An exception in an
@@ -39,11 +43,11 @@ from tensordict import TensorDict
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
-from aenv.pool._backend import Failure
-from aenv.pool._coroutine import _build, _quiet_close
+from aenv.pool._backend import Failure, Stacked
+from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 
-__all__ = ["STALE", "EnvActor", "Item", "pack", "unpack"]
+__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "unpack"]
 
 #: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
 #: older than one already seen for its env); the driver has forgotten such operations.
@@ -58,6 +62,10 @@ BIG_BYTES = 64 * 1024
 #: the call's answer leaves the actor's loop first (Ray hands it on from the loop's next
 #: turns), so an env that blocks the loop after the failure does not hold the failure back.
 DEFER_S = 0.001
+
+#: What :meth:`EnvActor.stacked` answers for an env whose step it gave up at the step
+#: timeout (the env was rebuilt from its factory, as a replace does).
+TIMED_OUT = "aenv-ray-timed-out"
 
 #: One operation as :meth:`EnvActor.exchange` takes it: env index, sequence number, op,
 #: packed payload.
@@ -97,6 +105,8 @@ class _Unpackable(Exception):
 
 
 def _encode(obj: Any, big: list[np.ndarray]) -> Any:
+    if type(obj) is list:
+        return [_encode(item, big) for item in obj]
     if type(obj) is TensorDict:
         if obj.device is not None and obj.device.type != "cpu":
             raise _Unpackable
@@ -112,7 +122,9 @@ def _encode(obj: Any, big: list[np.ndarray]) -> Any:
                     entries[key] = _Big(len(big))
                     big.append(array)
                 else:
-                    entries[key] = array
+                    # raw bytes: pickling a small ndarray (its reduce, its dtype) costs
+                    # four times as much, and a step's TensorDicts are mostly small arrays
+                    entries[key] = (array.tobytes(), array.dtype.str, array.shape)
             else:
                 raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
         device = None if obj.device is None else str(obj.device)
@@ -122,7 +134,18 @@ def _encode(obj: Any, big: list[np.ndarray]) -> Any:
     return obj
 
 
+#: numpy dtypes by their ``dtype.str`` (parsing the string costs more than the lookup)
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
 def _tensor(value: Any, big: list[np.ndarray]) -> torch.Tensor:
+    if type(value) is tuple:
+        data, code, shape = value
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            dtype = _DTYPES[code] = np.dtype(code)
+        # (a copy: frombuffer views the pickle's immutable bytes)
+        return torch.from_numpy(np.frombuffer(data, dtype).reshape(shape).copy())
     if type(value) is _Big:
         array = big[value]
         # an array Ray read from its object store is a read-only view of shared memory
@@ -142,12 +165,14 @@ def _decode(obj: Any, big: list[np.ndarray]) -> Any:
         return TensorDict._new_unsafe(source, obj.batch_size, device, nested=False)  # type: ignore[arg-type]
     if type(obj) is tuple:
         return tuple(_decode(item, big) for item in obj)
+    if type(obj) is list:
+        return [_decode(item, big) for item in obj]
     return obj
 
 
 def pack(obj: Any) -> tuple[Any, ...]:
     """An operation's payload or result, ready for Ray: TensorDicts of CPU tensors (also
-    inside tuples) as pickled numpy arrays (``("p", bytes, big arrays)``, the big arrays
+    inside tuples and lists) as pickled numpy arrays (``("p", bytes, big arrays)``, the big arrays
     apart, see :data:`BIG_BYTES`), anything else as it is (``("o", obj)``: Ray pickles it,
     with cloudpickle where it must)."""
     big: list[np.ndarray] = []
@@ -172,6 +197,22 @@ def portable(exc: BaseException) -> Failure:
         pickle.loads(pickle.dumps(exc))
     except Exception:
         failure.exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return failure
+
+
+def _nobody(env_index: int, outcome: Any) -> None:
+    """The deliver callback of the actor's in-process host, which only ever runs whole
+    batches (their outcomes are returned, never delivered)."""
+    raise AssertionError("the Ray actor's rows host delivers nothing")
+
+
+def _portable(outcome: Any) -> Any:
+    """A per-env outcome of a whole-batch step, its failure made portable (keeping the
+    traceback formatted where it was raised)."""
+    if not isinstance(outcome, Failure):
+        return outcome
+    failure = portable(outcome.exc)
+    failure.traceback = outcome.traceback
     return failure
 
 
@@ -204,6 +245,10 @@ class EnvActor:
         self.finished: list[tuple[int, int, Any]] = []
         self.running: set[asyncio.Task[Any]] = set()
         self.wakers: list[asyncio.Future[None]] = []
+        # the pool's indices of these envs in order, and the in-process host of their
+        # whole-batch steps (made on the first one)
+        self.order = list(indices)
+        self.rows_host: CoroutineBackend | None = None
         try:
             fns: list[Callable[[], EnvBase]] = cloudpickle.loads(blob)
         except Exception as exc:
@@ -314,6 +359,78 @@ class EnvActor:
                 del self.tasks[i]
         if seq >= self.latest.get(i, 0):  # (not given up meanwhile)
             self.finished.append((i, seq, pack(result)))
+
+    async def stacked(
+        self, op: str, packed: Any, local: list[int] | None, step_timeout: float | None
+    ) -> Any:
+        """One whole-batch ``op`` (``"step"`` or ``"step_and_maybe_reset"``) of this actor's
+        envs, or of those at the positions ``local``; ``packed`` holds the stacked inputs
+        of all of them (this actor's slice of the pool's batch).
+
+        The envs step as the coroutine backend steps a pool's envs, through it: each writes
+        into its own row of preallocated stacked buffers (:class:`~aenv.pool._rows.Rows`)
+        where every env runs inline; the answer is then ``("S", next, reset, flags)``, the
+        stacked rows (every env's, the ones left out as they were). Otherwise (an async or
+        blocking env, a failed factory) the envs' operations run concurrently, each as
+        :func:`~aenv.pool._ops.execute`, and the answer is ``("L", outcomes)``, one per
+        stepped env: a result, a :class:`Failure`, or :data:`TIMED_OUT` for an env still
+        working at ``step_timeout`` (given up and rebuilt). Packed (:func:`pack`) either way.
+        """
+        positions = range(len(self.order)) if local is None else local
+        stepping = [self.order[p] for p in positions]
+        for i in stepping:
+            self._stop(i)  # (work the driver gave up on this env, still unwinding)
+        try:
+            tensordict = unpack(packed)
+        except Exception as exc:
+            return pack(("L", [portable(exc)] * len(stepping)))
+        if not self.broken:
+            host = self.rows_host
+            if host is None:
+                host = self.rows_host = CoroutineBackend(_nobody)
+            host.envs = [self.envs[i] for i in self.order]
+            out = await host.run_stacked(op, tensordict, None, local)
+            if isinstance(out, Stacked):
+                flags = None if out.reset_mask is None else out.reset_mask.tolist()
+                return pack(("S", out.next, out.reset, flags))
+            if out is not None:
+                return pack(("L", [_portable(o) for o in out]))
+        return pack(("L", await self._step_each(op, tensordict, positions, step_timeout)))
+
+    async def _step_each(
+        self, op: str, tensordict: Any, positions: Any, step_timeout: float | None
+    ) -> list[Any]:
+        """``op`` on the envs at ``positions``, concurrently, each as a per-env operation
+        is run; their outcomes in order (see :meth:`stacked`)."""
+        inputs = tensordict.exclude("next", "_step")
+        loop = asyncio.get_running_loop()
+        outcomes: list[Any] = [None] * len(positions)
+        tasks: dict[int, asyncio.Task[Any]] = {}
+        for pos, p in enumerate(positions):
+            i = self.order[p]
+            failure = self.broken.get(i)
+            if failure is not None:
+                outcomes[pos] = failure
+                continue
+            task = self.tasks[i] = loop.create_task(execute(self.envs[i], op, inputs[p]))
+            tasks[pos] = task
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=step_timeout)
+        for pos, task in tasks.items():
+            i = self.order[positions[pos]]
+            if self.tasks.get(i) is task:
+                del self.tasks[i]
+            if not task.done():  # past the deadline: given up, as a replace gives it up
+                task.cancel()
+                self._rebuild(i)
+                outcomes[pos] = TIMED_OUT
+            elif task.cancelled():
+                outcomes[pos] = portable(RuntimeError(f"env {i}: its step was cancelled"))
+            elif task.exception() is not None:
+                outcomes[pos] = portable(task.exception())  # type: ignore[arg-type]
+            else:
+                outcomes[pos] = task.result()
+        return outcomes
 
     async def attr(self, i: int, name: str) -> Any:
         """Attribute ``name`` of env ``i`` (or a Failure), whatever work it has in flight."""

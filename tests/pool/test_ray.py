@@ -172,13 +172,40 @@ async def test_actor_blocked_by_its_env_is_killed_and_replaced(ray):
     )
     async with pool:
         pid = pool._backend.actor_pids[0]
-        td = await pool.rand_step(await pool.reset())
-        assert td["next", "done"].squeeze(-1).tolist() == [True, True]
+        td = await pool.reset()
+        pool.async_step_send(pool.rand_action(td), env_index=[0, 1])  # (streamed: per env)
+        got = await pool.async_step_recv(min_get=2)
+        assert got["next", "done"].squeeze(-1).tolist() == [True, True]
         assert isinstance(pool.last_errors[0], EnvStepError)
         blocked = pool.last_errors[1]
         assert isinstance(blocked, WorkerCrashedError)
         assert "did not answer within 0.5 s" in str(blocked)
         assert pool._backend.actor_pids[0] not in (None, pid)
+
+
+async def test_whole_batch_step_of_a_blocked_actor_times_out(ray):
+    """A whole-batch step (one call per actor, the envs stepping into rows) on an actor
+    whose sync env holds its event loop: past ``step_timeout`` and ``replace_timeout``
+    the actor is killed and started again, its envs' steps time out; the other actor's
+    env steps on, and the restarted envs reset and step."""
+    fns = [partial(LoopBlockingEnv, block_at=1), partial(CountingEnv, max_steps=100)]
+    pool = ray_pool(
+        fns, step_timeout=1.0, backend_options={"num_actors": 2, "replace_timeout": 0.5}
+    )
+    async with pool:
+        pids = pool._backend.actor_pids
+        calls = count_stacked(pool)
+        td = pool.step_mdp(await pool.rand_step(await pool.reset()))
+        with pytest.raises(PoolError) as info:
+            await pool.rand_step(td)
+        assert isinstance(info.value.errors[0], StepTimeoutError)
+        assert list(info.value.results) == [1]
+        assert calls == [("step", None)] * 2  # both steps went whole-batch
+        pool.step_timeout = 120.0  # the new actor takes seconds to start on a loaded machine
+        td = await pool.rand_step(await pool.reset())
+        assert td["next", "observation"].squeeze(-1).tolist() == [1, 1]
+        new = pool._backend.actor_pids
+        assert new[0] not in (None, pids[0]) and new[1] == pids[1]
 
 
 def test_parallel_env_and_collector_over_ray(ray):
@@ -269,16 +296,53 @@ def count_exchanges(pool: AsyncEnvPool) -> list[tuple[int, int]]:
     return calls
 
 
+def count_stacked(pool: AsyncEnvPool) -> list[tuple[str, object]]:
+    """Record each whole-batch call the pool's Ray backend takes: (op, indices)."""
+    backend = pool._backend
+    calls: list[tuple[str, object]] = []
+    run = backend.run_stacked
+
+    async def counting(op, td, step_timeout, indices=None):
+        out = await run(op, td, step_timeout, indices)
+        if out is not None:
+            calls.append((op, indices))
+        return out
+
+    backend.run_stacked = counting
+    return calls
+
+
 async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
-    """A whole-batch step of sync envs is one ``exchange`` call per actor; observations of
-    hundreds of KiB travel out of band (Ray's object store) and arrive whole and writable."""
-    pool = ray_pool([partial(CountingEnv, max_steps=100)] * 4, backend_options={"num_actors": 2})
+    """A whole-batch step of sync envs is one call per actor, the envs stepping into their
+    actor's rows: resets of the envs of one actor only, masked steps and
+    ``step_and_maybe_reset`` give what the in-process pool gives; observations of hundreds
+    of KiB travel out of band (Ray's object store) and arrive whole and writable."""
+    fns = [partial(CountingEnv, max_steps=m) for m in (2, 3, 100, 100)]
+    async with AsyncEnvPool(fns) as local:
+        expected = await local.rollout(5, break_when_any_done=False)
+        masked = await local.reset()
+        masked["action"] = torch.ones(4, 1)
+        masked["_step"] = torch.tensor([True, False, False, True])
+        expected_masked = await local.step_and_maybe_reset(masked.clone())
+    pool = ray_pool(fns, backend_options={"num_actors": 2})
     async with pool:
-        calls = count_exchanges(pool)
-        td = await pool.rollout(3, break_when_any_done=False)
-        # a reset, then 3 steps, of 4 sync envs on 2 actors: 2 calls each time, 2 envs each
-        assert sorted(calls) == [(0, 2)] * 4 + [(1, 2)] * 4
-        assert td["next", "observation"].squeeze(-1).tolist() == [[1, 2, 3]] * 4
+        exchanges, stacked = count_exchanges(pool), count_stacked(pool)
+        td = await pool.rollout(5, break_when_any_done=False)
+        # the reset: one exchange per actor, 2 envs each; then 5 whole-batch steps (the
+        # last one not followed by a reset)
+        assert sorted(exchanges) == [(0, 2), (1, 2)]
+        assert stacked == [("step_and_maybe_reset", None)] * 4 + [("step", None)]
+        for key in (("next", "observation"), ("next", "done"), "observation"):
+            assert torch.equal(td[key], expected[key]), key
+        # a masked step_and_maybe_reset: envs 0 and 3, one in each actor
+        masked = await pool.reset()
+        masked["action"] = torch.ones(4, 1)
+        masked["_step"] = torch.tensor([True, False, False, True])
+        got = await pool.step_and_maybe_reset(masked.clone())
+        assert stacked[-1] == ("step_and_maybe_reset", [0, 3])
+        for a, b in zip(got, expected_masked):
+            assert torch.equal(a["observation"], b["observation"])
+        assert torch.equal(got[0]["next", "observation"], expected_masked[0]["next", "observation"])
 
     dim = 100_000  # 400 KB of float32 per env: past what Ray sends inline
     pool = ray_pool([partial(LatencyEnv, obs_dim=dim)] * 2, backend_options={"num_actors": 1})

@@ -1,0 +1,230 @@
+"""The Ray backend's whole-batch steps (see :mod:`aenv.pool._ray`): one actor call per
+actor, the envs stepping into preallocated rows inside the actor.
+
+:meth:`RayStacked.run_stacked` is the backend's ``run_stacked`` (the contract's stacked
+family, see :mod:`aenv.pool._backend`): the pool's stacked input goes to each actor as its
+slice (one packed TensorDict, numpy arrays through Ray's object store), each actor steps
+its envs with :meth:`~aenv.pool._ray_actor.EnvActor.stacked` (through the coroutine
+backend's rows: the step semantics are EnvBase's) and answers with its stacked rows, and
+the slices are joined along the env dim. An actor whose envs cannot all write rows (async
+or blocking envs) answers per-env outcomes, still in the one call.
+
+Faults on this path: an env's exception comes back as its outcome (a
+:class:`~aenv.pool._backend.Failure` with the actor's traceback); an actor that dies fails
+its stepped envs with :class:`~aenv.exceptions.WorkerCrashedError` as soon as Ray reports
+the call failed (the actor is then restarted as on the per-env path); an env still working
+at ``step_timeout`` is given up and rebuilt by its actor (a
+:class:`~aenv.exceptions.StepTimeoutError`), and an actor that has not answered
+``replace_timeout`` seconds after that is killed and started again (its envs' steps time
+out). :class:`RayStacked` is a mixin of :class:`~aenv.pool._ray.RayBackend`, with no state
+of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from aenv.exceptions import StepTimeoutError, WorkerCrashedError
+from aenv.pool._backend import Failure, Stacked
+from aenv.pool._ray_actor import TIMED_OUT, pack, unpack
+from aenv.pool._ray_faults import _first_line, _Group, _ignore
+
+__all__ = ["RayStacked"]
+
+_OPS = frozenset(("step", "step_and_maybe_reset"))
+
+
+class RayStacked:
+    """Whole-batch steps of :class:`~aenv.pool._ray.RayBackend` (a mixin)."""
+
+    _ray: Any
+    _groups: list[_Group]
+    _lost: list[str | None]
+    _held: dict[int, tuple[str, Any]]
+    _replacing: dict[int, tuple[int, asyncio.TimerHandle | None]]
+    _kill_reasons: dict[tuple[int, int], str]
+    _closing: bool
+    replace_timeout: float
+    _bind: Callable[[], asyncio.AbstractEventLoop]
+    _actor_died: Callable[[_Group, int, BaseException], None]
+    _restart: Callable[[_Group, str], None]
+    _seq: Any
+
+    def _stacks_now(self, indices: Sequence[int] | None) -> bool:
+        """Whether a whole-batch step can go to the actors now: every actor up, and no
+        stepped env lost (it needs a reset: the per-env path says so) or being replaced."""
+        if self._closing or any(g.state != "ready" or g.outbox for g in self._groups):
+            return False
+        stepping = range(len(self._lost)) if indices is None else indices
+        lost, held, replacing = self._lost, self._held, self._replacing
+        return not any(lost[i] is not None or i in held or i in replacing for i in stepping)
+
+    async def run_stacked(
+        self,
+        op: str,
+        tensordict: TensorDictBase,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
+    ) -> Stacked | list[Any] | None:
+        """``op`` on every env (or on ``indices``) with one call per actor; see the module
+        docstring and :meth:`~aenv.pool._backend.Backend.run_stacked`."""
+        if op not in _OPS or not self._stacks_now(indices):
+            return None
+        self._bind()
+        inputs = tensordict.exclude("next", "_step")
+        wanted = None if indices is None else set(indices)
+        calls: list[tuple[_Group, int, list[int], Any]] = []
+        refs = []  # (held until the answers are in: the refs own the calls' results)
+        for g in self._groups:
+            lo, hi = g.indices[0], g.indices[-1] + 1
+            part = inputs if len(self._groups) == 1 else inputs[lo:hi]
+            local = None if wanted is None else [i - lo for i in g.indices if i in wanted]
+            stepping = g.indices if local is None else [lo + p for p in local]
+            try:
+                ref = g.actor.stacked.remote(op, pack(part), local, step_timeout)
+            except Exception as exc:  # Ray could not take the input (not serialisable)
+                calls.append((g, g.gen, stepping, Failure(exc)))
+                continue
+            refs.append(ref)
+            calls.append((g, g.gen, stepping, asyncio.wrap_future(ref.future())))
+        futures = [c[3] for c in calls if not isinstance(c[3], Failure)]
+        try:
+            if futures:
+                deadline = None if step_timeout is None else step_timeout + self.replace_timeout
+                await asyncio.wait(futures, timeout=deadline)
+        except BaseException:
+            for future in futures:
+                future.add_done_callback(_retrieve)
+            self._give_up_stacked(calls)
+            raise
+        out = self._join(op, calls, indices, step_timeout)
+        del refs
+        return out
+
+    def _give_up_stacked(self, calls: list[tuple[_Group, int, list[int], Any]]) -> None:
+        """The caller was cancelled: tell the actors to stop the calls' envs."""
+        for g, gen, stepping, call in calls:
+            if isinstance(call, Failure) or call.done() or g.gen != gen or g.state != "ready":
+                continue
+            for i in stepping:
+                _ignore(g.actor.cancel.remote(i, next(self._seq)))
+
+    def _join(
+        self,
+        op: str,
+        calls: list[tuple[_Group, int, list[int], Any]],
+        indices: Sequence[int] | None,
+        step_timeout: float | None,
+    ) -> Stacked | list[Any]:
+        """The actors' answers as one stacked result, or per-env outcomes (one per index)
+        when some env failed or some actor answered per env."""
+        parts: list[Any] = []
+        for g, gen, stepping, call in calls:
+            if isinstance(call, Failure):
+                parts.append([call] * len(stepping))
+            elif not call.done():
+                call.add_done_callback(_retrieve)  # (it fails once the actor is killed)
+                parts.append(self._unanswered(g, gen, op, stepping, step_timeout))
+            else:
+                try:
+                    parts.append(unpack(call.result()))
+                except self._ray.exceptions.RayActorError as exc:
+                    parts.append(self._died(g, gen, stepping, exc))
+                except Exception as exc:  # Ray could not run the call (an input's unpickling)
+                    parts.append([Failure(exc, str(exc))] * len(stepping))
+        if all(type(p) is tuple and p[0] == "S" for p in parts):
+            return _concat(parts)
+        outcomes: list[Any] = []
+        for (g, _, stepping, _), part in zip(calls, parts):
+            outcomes.extend(_per_env(op, part, stepping, g.indices[0]))
+        for pos, o in enumerate(outcomes):
+            if type(o) is str and o == TIMED_OUT:
+                i = indices[pos] if indices is not None else pos
+                outcomes[pos] = _timeout(i, op, step_timeout)
+        return outcomes
+
+    def _unanswered(
+        self, g: _Group, gen: int, op: str, stepping: list[int], step_timeout: float | None
+    ) -> list[Any]:
+        """An actor that did not answer ``replace_timeout`` seconds after the step timeout:
+        its event loop is held (a sync env that blocks). It is killed and started again;
+        the call's envs time out."""
+        reason = (
+            f"was killed after a whole-batch step did not come back within {step_timeout} s "
+            f"and the actor did not answer {self.replace_timeout} s later"
+        )
+        if g.gen == gen and g.state == "ready":
+            self._kill_reasons[(g.gid, gen)] = reason
+            self._restart(g, reason)
+            for i in stepping:  # (timed out, not lost: a reset follows the timeout anyway)
+                self._lost[i] = None
+        return [_timeout(i, op, step_timeout) for i in stepping]
+
+    def _died(self, g: _Group, gen: int, stepping: list[int], exc: BaseException) -> list[Any]:
+        """The actor died during the call: its stepped envs fail (the actor is restarted
+        or broken as on the per-env path)."""
+        self._actor_died(g, gen, exc)
+        out: list[Any] = []
+        for i in stepping:
+            if g.failure is not None:
+                out.append(g.failure)
+                continue
+            lost = self._lost[i] or f"Ray actor {g.gid} died ({_first_line(exc)})"
+            err = WorkerCrashedError(f"env {i}: its {lost}", env_index=i)
+            out.append(Failure(err, ""))
+        return out
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call nobody waits for any more (so asyncio does not report an
+    exception as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _timeout(i: int, op: str, step_timeout: float | None) -> Failure:
+    err = StepTimeoutError(
+        f"env {i}: {op} did not finish within {step_timeout} s; it was abandoned and the env "
+        "rebuilt from its factory",
+        env_index=i,
+    )
+    return Failure(err, "")
+
+
+def _concat(parts: list[tuple[Any, ...]]) -> Stacked:
+    """The actors' stacked rows, joined along the env dim."""
+    nexts = [p[1] for p in parts]
+    nxt: Any = nexts[0] if len(nexts) == 1 else torch.cat(nexts, 0)
+    if all(p[3] is None for p in parts):
+        return Stacked(nxt)
+    present = next(p[2] for p in parts if p[2] is not None)
+    resets: list[Any] = []
+    flags: list[bool] = []
+    for _, part_next, reset, part_flags in parts:
+        k = part_next.batch_size[0]
+        resets.append(reset if reset is not None else torch.zeros_like(present[:k]))
+        flags.extend(part_flags if part_flags is not None else [False] * k)
+    reset_all: Any = resets[0] if len(resets) == 1 else torch.cat(resets, 0)
+    return Stacked(nxt, reset_all, torch.tensor(flags, dtype=torch.bool))
+
+
+def _per_env(op: str, part: Any, stepping: list[int], lo: int) -> list[Any]:
+    """One actor's answer (its first env ``lo``) as per-env outcomes of its stepped envs."""
+    if type(part) is list:
+        return part
+    if part[0] == "L":
+        return part[1]
+    _, nxt, reset, flags = part
+    out: list[Any] = []
+    for i in stepping:
+        row = nxt[i - lo]
+        if op != "step_and_maybe_reset":
+            out.append(row)
+        else:
+            out.append((row, reset[i - lo] if flags is not None and flags[i - lo] else None))
+    return out
