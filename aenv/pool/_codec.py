@@ -4,7 +4,7 @@ A TensorDict pickles through ``torch.save`` per tensor and a tensorclass per non
 entry: about 1 ms each way for a text env's observation of two strings and three flags (2
 cores, Python 3.11), where its plain content (numpy arrays, strings) pickles in a few
 microseconds. :func:`encode` turns TensorDicts of CPU tensors and non-tensor values (also
-nested, and inside tuples, as a step-and-maybe-reset's results come) into that plain
+nested, and inside tuples and lists, as a step-and-maybe-reset's results come) into that plain
 content, :func:`decode` rebuilds them; anything else (lazy stacks, gradients, other devices,
 dtypes numpy lacks) raises :class:`Unpackable`, and the caller pickles it as it is.
 
@@ -120,7 +120,13 @@ def encode(obj: Any, big: list[np.ndarray] | None = None) -> Any:
         return _encode_td(obj, big)
     if kind is tuple:
         return tuple(encode(item, big) for item in obj)
+    if kind is list:
+        return [encode(item, big) for item in obj]
     return obj
+
+
+#: numpy dtypes by their ``dtype.str`` (parsing the string costs more than the lookup)
+_DTYPES: dict[str, np.dtype[Any]] = {}
 
 
 def _tensor(value: Any, big: list[np.ndarray] | None) -> torch.Tensor:
@@ -129,9 +135,12 @@ def _tensor(value: Any, big: list[np.ndarray] | None) -> torch.Tensor:
         array = big[value]
         # (an array Ray read from its object store is a read-only view of shared memory)
         return torch.from_numpy(array if array.flags.writeable else array.copy())
-    dtype, shape, raw = value
+    code, shape, raw = value
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        dtype = _DTYPES[code] = np.dtype(code)
     # (a bytearray: the tensor owns writable memory)
-    return torch.from_numpy(np.frombuffer(bytearray(raw), dtype=np.dtype(dtype)).reshape(shape))
+    return torch.from_numpy(np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape))
 
 
 def _decode_td(packed: _PackedTD, big: list[np.ndarray] | None) -> TensorDict:
@@ -157,6 +166,8 @@ def decode(obj: Any, big: list[np.ndarray] | None = None) -> Any:
         return _decode_td(obj, big)
     if kind is tuple:
         return tuple(decode(item, big) for item in obj)
+    if kind is list:
+        return [decode(item, big) for item in obj]
     return obj
 
 

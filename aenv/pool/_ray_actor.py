@@ -38,12 +38,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-from tensordict import TensorDict
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Failure, Stacked
+from aenv.pool._codec import decode, encode
 from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 
@@ -52,11 +51,6 @@ __all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "unpack"]
 #: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
 #: older than one already seen for its env); the driver has forgotten such operations.
 STALE = "aenv-ray-stale-op"
-
-#: Arrays of at least this many bytes travel beside the pickled message, as numpy arrays
-#: Ray serialises out of band (through its shared-memory object store when the message is
-#: large): no copy into the pickle, none out of it.
-BIG_BYTES = 64 * 1024
 
 #: How long the operations of an ``exchange`` after one that raised wait before they run:
 #: the call's answer leaves the actor's loop first (Ray hands it on from the loop's next
@@ -72,120 +66,23 @@ TIMED_OUT = "aenv-ray-timed-out"
 Item = tuple[int, int, str, Any]
 
 
-class _PackedTD:
-    """A TensorDict of CPU tensors as numpy arrays: pickled, it costs a fraction of the
-    TensorDict's own pickling (which goes through ``torch.save`` per tensor)."""
-
-    __slots__ = ("batch_size", "device", "entries")
-
-    def __init__(self, batch_size: tuple[int, ...], device: str | None, entries: dict) -> None:
-        self.batch_size = batch_size
-        self.device = device
-        self.entries = entries
-
-    def __getstate__(self) -> tuple[Any, ...]:
-        return self.batch_size, self.device, self.entries
-
-    def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self.batch_size, self.device, self.entries = state
-
-
-class _Big(int):
-    """Stands in a packed TensorDict for the array at this position of the message's list
-    of big arrays."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _Big, (int(self),)
-
-
-class _Unpackable(Exception):
-    """A value the codec cannot turn into plain data (it then crosses pickled as it is)."""
-
-
-def _encode(obj: Any, big: list[np.ndarray]) -> Any:
-    if type(obj) is list:
-        return [_encode(item, big) for item in obj]
-    if type(obj) is TensorDict:
-        if obj.device is not None and obj.device.type != "cpu":
-            raise _Unpackable
-        entries: dict[str, Any] = {}
-        for key, value in obj._tensordict.items():
-            if type(value) is TensorDict:
-                entries[key] = _encode(value, big)
-            elif isinstance(value, torch.Tensor) and value.device.type == "cpu":
-                if value.requires_grad or value.dtype == torch.bfloat16:
-                    raise _Unpackable
-                array = value.numpy()
-                if array.nbytes >= BIG_BYTES:
-                    entries[key] = _Big(len(big))
-                    big.append(array)
-                else:
-                    # raw bytes: pickling a small ndarray (its reduce, its dtype) costs
-                    # four times as much, and a step's TensorDicts are mostly small arrays
-                    entries[key] = (array.tobytes(), array.dtype.str, array.shape)
-            else:
-                raise _Unpackable  # non-tensor data, lazy stacks...: pickled as they are
-        device = None if obj.device is None else str(obj.device)
-        return _PackedTD(tuple(obj.batch_size), device, entries)
-    if type(obj) is tuple:
-        return tuple(_encode(item, big) for item in obj)
-    return obj
-
-
-#: numpy dtypes by their ``dtype.str`` (parsing the string costs more than the lookup)
-_DTYPES: dict[str, np.dtype[Any]] = {}
-
-
-def _tensor(value: Any, big: list[np.ndarray]) -> torch.Tensor:
-    if type(value) is tuple:
-        data, code, shape = value
-        dtype = _DTYPES.get(code)
-        if dtype is None:
-            dtype = _DTYPES[code] = np.dtype(code)
-        # (a copy: frombuffer views the pickle's immutable bytes)
-        return torch.from_numpy(np.frombuffer(data, dtype).reshape(shape).copy())
-    if type(value) is _Big:
-        array = big[value]
-        # an array Ray read from its object store is a read-only view of shared memory
-        return torch.from_numpy(array if array.flags.writeable else array.copy())
-    return torch.from_numpy(value)
-
-
-def _decode(obj: Any, big: list[np.ndarray]) -> Any:
-    if type(obj) is _PackedTD:
-        source = {
-            key: _decode(value, big) if type(value) is _PackedTD else _tensor(value, big)
-            for key, value in obj.entries.items()
-        }
-        # the entries are fresh tensors (and packed TensorDicts of the same batch size):
-        # nothing for the checking constructor to check
-        device = None if obj.device is None else torch.device(obj.device)
-        return TensorDict._new_unsafe(source, obj.batch_size, device, nested=False)  # type: ignore[arg-type]
-    if type(obj) is tuple:
-        return tuple(_decode(item, big) for item in obj)
-    if type(obj) is list:
-        return [_decode(item, big) for item in obj]
-    return obj
-
-
 def pack(obj: Any) -> tuple[Any, ...]:
-    """An operation's payload or result, ready for Ray: TensorDicts of CPU tensors (also
-    inside tuples and lists) as pickled numpy arrays (``("p", bytes, big arrays)``, the big arrays
-    apart, see :data:`BIG_BYTES`), anything else as it is (``("o", obj)``: Ray pickles it,
-    with cloudpickle where it must)."""
+    """An operation's payload or result, ready for Ray: TensorDicts (also inside tuples and
+    lists) as plain data (:mod:`aenv.pool._codec`) in one pickle, ``("p", bytes, big
+    arrays)``, the arrays of :data:`~aenv.pool._codec.BIG_BYTES` or more apart (Ray
+    serialises them out of band, through its shared-memory object store); anything else as
+    it is (``("o", obj)``: Ray pickles it, with cloudpickle where it must)."""
     big: list[np.ndarray] = []
     try:
-        return "p", pickle.dumps(_encode(obj, big), protocol=5), big
-    except Exception:  # (_Unpackable, or something plain pickle cannot take)
+        return "p", pickle.dumps(encode(obj, big), protocol=5), big
+    except Exception:  # (Unpackable, or something plain pickle cannot take)
         return "o", obj
 
 
 def unpack(packed: tuple[Any, ...]) -> Any:
     """The object :func:`pack` packed."""
     if packed[0] == "p":
-        return _decode(pickle.loads(packed[1]), packed[2])
+        return decode(pickle.loads(packed[1]), packed[2])
     return packed[1]
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 
-from aenv.pool._ray_actor import BIG_BYTES, pack, unpack
+from aenv.pool._codec import BIG_BYTES
+from aenv.pool._ray_actor import pack, unpack
 
 
 def sample(big_elems: int) -> TensorDict:
@@ -48,7 +49,9 @@ def test_small_tensors_stay_in_the_pickle_and_others_pass_as_they_are():
     assert got.device == torch.device("cpu") and got["next"].device == torch.device("cpu")
     assert got.batch_size == torch.Size([])
     td = sample(4)
-    td.set_non_tensor("text", "hello")  # non-tensor data: crosses pickled as it is
-    assert pack(td)[0] == "o" and unpack(pack(td))["text"] == "hello"
+    td.set_non_tensor("text", "hello")  # non-tensor values: plain data too
+    assert pack(td)[0] == "p" and unpack(pack(td))["text"] == "hello"
+    lazy = LazyStackedTensorDict.lazy_stack([sample(2), sample(3)])  # pickled as it is
+    assert type(unpack(pack(lazy))) is LazyStackedTensorDict
     assert unpack(pack((3, None))) == (3, None)
     assert isinstance(unpack(pack(np.zeros(2))), np.ndarray)
