@@ -58,6 +58,7 @@ from aenv.exceptions import (
 )
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
+from aenv.pool._process_bell import Bell
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -383,7 +384,14 @@ class ProcessBackend(ClosingMixin, Backend):
                     for row, i in enumerate(group[0]):
                         self._bank_rows[bank][i] = (blocks, row)
         assert w.chan is not None
-        w.chan.send_fd(w.region_fd)
+        # a doorbell per start: nothing a dead worker rang or answered reaches this one
+        w.close_bell()
+        if Bell.available():
+            w.bell = Bell(len(w.indices))
+            self._channels.append(w.bell)  # (the finalizer's, as the sockets)
+            if self._loop is not None:
+                w.bell.attach(self._loop, weak_callback(self._on_bell, w))
+        w.chan.send_fds([w.region_fd, *(w.bell.fds if w.bell is not None else ())])
         w.chan.send([("slots", w.region_size, w.layouts, w.bank_size)])
         w.state = "ready"
         if w.outbox:
@@ -410,6 +418,8 @@ class ProcessBackend(ClosingMixin, Backend):
         for w in self._workers:
             if w.chan is not None and not w.chan.closed:
                 w.chan.attach(loop, weak_callback(self._on_readable, w))
+            if w.bell is not None:
+                w.bell.attach(loop, weak_callback(self._on_bell, w))
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending and self._loop is not None:
@@ -436,6 +446,20 @@ class ProcessBackend(ClosingMixin, Backend):
         for frame in frames:
             for msg in frame:
                 self._on_message(w, msg)
+
+    def _on_bell(self, w: _Worker) -> None:
+        """The worker rang back: a stacked call's envs all answered, results in the rows
+        (see :mod:`aenv.pool._process_bell`); handled as the ``"b"`` frame it replaces."""
+        bell = w.bell
+        if bell is None or self._closing:
+            return
+        done = bell.take_done()
+        if done is None:
+            return
+        seq, outcomes = done
+        entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+        if entries:
+            self._on_batch_reply(seq, entries)
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if self._closing:
@@ -776,7 +800,8 @@ class ProcessBackend(ClosingMixin, Backend):
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                self._send_batch(w, seq, op, items, timed, bank)
+                if timed or not self._ring(w, seq, op, bank, stepping):
+                    self._send_batch(w, seq, op, items, timed, bank)
         except BaseException:
             self._abandon(batch)
             raise
@@ -826,6 +851,20 @@ class ProcessBackend(ClosingMixin, Backend):
             return Stacked(nxt)
         mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
         return Stacked(nxt, stacked.read("reset"), mask)
+
+    def _ring(
+        self, w: _Worker, seq: int, op: str, bank: int, stepping: frozenset[int] | None
+    ) -> bool:
+        """Start a stacked call's share of ``w`` with its doorbell; False (nothing done)
+        where the socket must carry it: no doorbell, a worker not ready, or commands still
+        queued for it (the doorbell would overtake them)."""
+        bell, chan = w.bell, w.chan
+        if bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending:
+            return False
+        steps = None if stepping is None else [i in stepping for i in w.indices]
+        bell.ring(seq, op, bank, steps)
+        w.bell_seq = seq
+        return True
 
     def _send_batch(
         self,
@@ -878,6 +917,8 @@ class ProcessBackend(ClosingMixin, Backend):
         if inflight is not None:
             self._inflight[env_index] = None
             w = self._of_env[env_index]
+            if w.bell is not None and w.bell_seq == inflight[0]:
+                w.bell.withdraw(inflight[0])  # (a worker that has not started it never will)
             if w.state in ("ready", "starting"):
                 w.outbox.append(("cancel", env_index, inflight[0]))
                 self._fences[env_index] = self._fences.get(env_index, 0) + 1
@@ -989,6 +1030,7 @@ class ProcessBackend(ClosingMixin, Backend):
         w.state = "dead"
         for i in w.indices:
             self._fences.pop(i, None)
+        w.close_bell()
         if w.chan is not None:
             w.chan.close()
         w.close_probe(self._loop)
