@@ -129,3 +129,20 @@ async def test_a_respawned_worker_gets_a_fresh_doorbell():
         out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
         assert out["next", "observation"].squeeze(-1).tolist() == [1] * 4
         assert new.taken > 0  # answered through the new doorbell
+
+
+async def test_a_lockstep_collector_over_processes_rings(monkeypatch):
+    from aenv.collectors import Collector
+
+    pool = counting_pool()
+    rings = Rings(pool, monkeypatch)
+    async with Collector(
+        pool, None, frames_per_batch=12, total_frames=24, streaming=False
+    ) as collector:
+        batches = [batch async for batch in collector]
+    assert [b.batch_size for b in batches] == [(4, 3), (4, 3)]
+    # CountingEnv's observation counts its steps: 6 steps of every env, in order
+    counts = [b["next", "observation"].squeeze(-1) for b in batches]
+    assert counts[0][:, -1].tolist() == [3] * 4 and counts[1][:, -1].tolist() == [6] * 4
+    # each step a ring per worker; only the reset went as frames
+    assert len(rings.rung) == 12 and rings.frames == 2
