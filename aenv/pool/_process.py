@@ -17,6 +17,14 @@ stacked inputs go into the blocks and the stacked results come out of them with 
 per leaf, with no per-env TensorDict in the parent. The streamed calls keep the per-env
 path (:meth:`ProcessBackend.submit`).
 
+A stacked call's commands and replies skip the socket: each worker's share is rung on its
+doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and the worker
+rings back once all its envs' results are in the rows. What cannot come back that way (a
+failure, a pickled result, a streamed batch of a call with a step timeout) still takes a
+``"b"`` frame, and a call is rung only when nothing waits to be written to the worker's
+socket before it, so the worker, which reads its socket before taking a call, sees every
+command in the order it was sent.
+
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
 attached), its other envs are marked lost (their next step fails the same way until they

@@ -21,6 +21,9 @@ Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the
   as they finish when ``stream`` was set), ``("ack", env)`` for a replace,
   ``("cx", env, n)`` for ``n`` cancels of the env once nothing runs for it (until then the
   parent sends the env's inputs pickled, not through its input slot).
+* the doorbell (:mod:`aenv.pool._process_bell`), beside the socket: a stacked call rung
+  there runs as a ``("batch", ...)`` would, and is answered there when all its envs' results
+  are in the rows (else as a ``"b"`` frame).
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
