@@ -925,8 +925,6 @@ class ProcessBackend(ClosingMixin, Backend):
         if inflight is not None:
             self._inflight[env_index] = None
             w = self._of_env[env_index]
-            if w.bell is not None and w.bell_seq == inflight[0]:
-                w.bell.withdraw(inflight[0])  # (a worker that has not started it never will)
             if w.state in ("ready", "starting"):
                 w.outbox.append(("cancel", env_index, inflight[0]))
                 self._fences[env_index] = self._fences.get(env_index, 0) + 1

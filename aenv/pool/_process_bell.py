@@ -20,7 +20,7 @@ pipe wake-up costs about half a socket write, and a shared-memory flag with a sh
 before sleeping was slower at every cost per step (the spinner takes a core from the
 workers), so the doorbell sleeps at once.
 
-The page: ``<q`` go sequence at 0 (0: withdrawn), op at 8, bank at 9, ``<q`` done sequence
+The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence
 at 16, then one byte per env of the worker saying whether it steps, then one outcome byte
 per env. The counters and the page's writes are ordered by the eventfd syscalls (a full
 barrier on both sides).
@@ -129,11 +129,6 @@ class Bell:
         _SEQ.pack_into(page, _GO, seq)
         os.eventfd_write(self.go_fd, 1)
 
-    def withdraw(self, seq: int) -> None:
-        """Call ``seq`` was given up: a worker that has not started it yet never will."""
-        if _SEQ.unpack_from(self.page, _GO)[0] == seq:
-            _SEQ.pack_into(self.page, _GO, 0)
-
     def take_done(self) -> tuple[int, bytes] | None:
         """The latest completed call not taken yet: its sequence number and one outcome
         byte per env; None when there is none."""
@@ -148,7 +143,7 @@ class Bell:
     # ------------------------------------------------------------------ worker side
     def take_go(self) -> tuple[int, str, int, bytes] | None:
         """The call rung and not taken yet: sequence number, op, bank, one byte per env
-        saying whether it steps; None when there is none (withdrawn, or taken)."""
+        saying whether it steps; None when there is none (taken already)."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.go_fd)
         seq = _SEQ.unpack_from(self.page, _GO)[0]
@@ -164,8 +159,3 @@ class Bell:
         self.page[self._res : self._res + self.n] = outcomes
         _SEQ.pack_into(self.page, _DONE, seq)
         os.eventfd_write(self.done_fd, 1)
-
-    @property
-    def current(self) -> int:
-        """The sequence number of the call last rung (0: withdrawn)."""
-        return int(_SEQ.unpack_from(self.page, _GO)[0])

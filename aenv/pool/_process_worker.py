@@ -300,6 +300,8 @@ class _Runtime:
         self.retired: set[asyncio.Task[Any]] = set()
         #: env -> cancels to acknowledge when its running task is over
         self.cancel_acks: dict[int, int] = {}
+        #: env -> the doorbell call it was cancelled from before the worker took that call
+        self.skip: dict[int, int] = {}
         self.out: list[tuple[Any, ...]] = []
         self.out_batches: list[_Batch] = []
         self.out_since = 0.0
@@ -339,13 +341,18 @@ class _Runtime:
             return
         go = bell.take_go()
         if go is None:
-            return  # withdrawn (its call was given up), or taken with an earlier ring
+            return  # taken with an earlier ring
         seq, op, bank, mask = go
         items = self.bell_items.get(mask)
         if items is None:
             items = self.bell_items[mask] = [
                 (i, None) for i, flag in zip(self.indices, mask) if flag
             ]
+        if self.skip:
+            skip = self.skip
+            items = [item for item in items if skip.pop(item[0], None) != seq]
+            if not items:
+                return
         batch = _Batch(seq, len(items), False, bank)
         batch.rung = True
         self._slot_batch(seq, op, items, batch)
@@ -373,7 +380,13 @@ class _Runtime:
         elif kind == "cancel":
             _, i, seq = cmd
             task = self.tasks.get(i)
-            if self.seq.get(i) == seq:
+            current = self.seq.get(i)
+            if self.bell is not None and seq > (current or 0) and seq > self.bell.taken:
+                # a call rung on the doorbell and not taken yet (the socket is read first):
+                # the env sits it out, so it never reads the input slot the parent may
+                # write again once this cancel is acknowledged
+                self.skip[i] = seq
+            if current == seq:
                 self._forget(i)
                 if task is not None:
                     task.cancel()

@@ -508,9 +508,9 @@ async def test_a_cancelled_step_keeps_its_input_until_the_worker_lets_go():
             os.kill(worker0, signal.SIGCONT)
         out = await second
         # envs 2 and 3 took both steps. Envs 0 and 1 took the second one with its own
-        # action; the first was withdrawn from worker 0's doorbell before the worker took
-        # it (it was stopped), so it never ran there (without a doorbell it went as a frame,
-        # which the worker reads and runs before it reads the cancel)
+        # action; the first was rung on worker 0's doorbell, and the worker (stopped) read
+        # the cancels on its socket before it took that call, so its envs sat it out
+        # (without a doorbell it went as a frame, which the worker runs before the cancel)
         skipped = -1.0 if Bell.available() else 0.0
         assert out["next", "observation"][:, 0].tolist() == [skipped, skipped, 0.0, 0.0]
         assert await pool.get_attr("pos") == [skipped, skipped, 0.0, 0.0]
