@@ -15,7 +15,9 @@ run:
 - EnvPool's C++ CartPole (its own thread pool, own venv) for the plain CartPole row only: it
   cannot run a Python step, so it is the yardstick of a native simulator, not a peer.
 
-Each cell is env-steps/s and its share of the limit. The costs are measured, not assumed: the
+Each cell is env-steps/s and its share of the limit; the last column is the parent's CPU
+time per batch step of aenv's 2 x 4 layout (its thread time over the rollouts: the sync
+facade drives the pool's loop in the calling thread). The costs are measured, not assumed: the
 loop's turns per microsecond are calibrated in this process, and "cost per env step" is the
 limit's own CPU time per env step (CartPole's step and its resets included).
 
@@ -92,19 +94,23 @@ def _limit(iters: int, steps: int) -> dict[str, float]:
     }
 
 
-def _aenv(iters: int, steps: int, workers: int, repeats: int) -> float:
+def _aenv(iters: int, steps: int, workers: int, repeats: int) -> tuple[float, float]:
+    """env-steps/s (best of ``repeats``) and the parent's CPU time per batch step (us; the
+    sync facade runs its loop in this thread, so its thread time is the parent's share)."""
     from aenv.sync import ParallelEnv
 
     env = ParallelEnv(N_ENVS, partial(_aenv_spin, iters), num_processes=workers)
     try:
         env.set_seed(0)
         env.reset()
+        cpu = time.thread_time()
         seconds = best_of(
             lambda: env.rollout(steps, break_when_any_done=False), repeats=repeats, warmup=1
         )
+        cpu = time.thread_time() - cpu
     finally:
         env.close()
-    return N_ENVS * steps / seconds
+    return N_ENVS * steps / seconds, cpu / ((repeats + 1) * steps) * 1e6
 
 
 def _peer(name: str, params: dict[str, Any], quick: bool, venv: str = "torchrl") -> Any:
@@ -138,8 +144,8 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
         steps = QUICK_STEPS if quick else _steps(extra + 8.0)
         limit = _limit(iters, steps)
         rate = limit["env_steps_per_s"]
-        aenv_2x4 = _aenv(iters, steps, CORES, repeats)
-        aenv_8x1 = _aenv(iters, steps, N_ENVS, repeats)
+        aenv_2x4, parent_us = _aenv(iters, steps, CORES, repeats)
+        aenv_8x1, _ = _aenv(iters, steps, N_ENVS, repeats)
         params = {"n_envs": N_ENVS, "steps": steps, "repeats": repeats, "spin": iters}
         gym = _peer("gym_vector_cartpole", {**params, "kinds": ["async"]}, quick)
         trl = None if quick else _peer("torchrl_parallel_cartpole", params, quick)
@@ -163,6 +169,7 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
                 "TorchRL ParallelEnv": _cell(trl_rate, rate),
                 "EnvPool (C++ CartPole)": _cell(pool["env_steps_per_s"], rate) if pool else None,
                 "aenv 2x4 / AsyncVectorEnv": aenv_2x4 / gym_rate if gym_rate else None,
+                "aenv 2x4: parent CPU per batch step": f"{parent_us:,.0f} us",
             }
         )
         plot.append(

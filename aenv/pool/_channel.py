@@ -11,6 +11,7 @@ loop (the start-up handshake, synchronous attribute reads).
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import select
 import socket
@@ -127,18 +128,26 @@ class Channel:
                 raise ChannelClosed(str(exc)) from exc
             del self._wbuf[:n]
 
-    def send_fd(self, fd: int) -> None:
-        """Pass a file descriptor (one marker byte); nothing may be queued before it."""
+    def send_fds(self, fds: list[int]) -> None:
+        """Pass file descriptors (one marker byte); nothing may be queued before them."""
         self.flush_blocking()
-        socket.send_fds(self.sock, [b"F"], [fd])
+        socket.send_fds(self.sock, [b"F"], fds)
 
-    def recv_fd(self, timeout: float | None = None) -> int:
-        """Receive a descriptor sent with :meth:`send_fd` (blocking)."""
+    def recv_fds(self, most: int, timeout: float | None = None) -> list[int]:
+        """Receive the descriptors (at most ``most``) sent with :meth:`send_fds`
+        (blocking)."""
         self._wait_readable(timeout)
-        msg, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+        msg, fds, _, _ = socket.recv_fds(self.sock, 1, most)
         if not msg or not fds:
+            for fd in fds:
+                os.close(fd)
             raise ChannelClosed("the peer closed the channel during the handshake")
-        return fds[0]
+        return fds
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes wait to be written (a frame sent now would go out after them)."""
+        return bool(self._wbuf)
 
     # ------------------------------------------------------------------ reading
     def read_frames(self) -> list[Any]:

@@ -17,6 +17,14 @@ stacked inputs go into the blocks and the stacked results come out of them with 
 per leaf, with no per-env TensorDict in the parent. The streamed calls keep the per-env
 path (:meth:`ProcessBackend.submit`).
 
+A stacked call's commands and replies skip the socket: each worker's share is rung on its
+doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and the worker
+rings back once all its envs' results are in the rows. What cannot come back that way (a
+failure, a pickled result, a streamed batch of a call with a step timeout) still takes a
+``"b"`` frame, and a call is rung only when nothing waits to be written to the worker's
+socket before it, so the worker, which reads its socket before taking a call, sees every
+command in the order it was sent.
+
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
 attached), its other envs are marked lost (their next step fails the same way until they
@@ -59,6 +67,7 @@ from aenv.exceptions import (
 from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
+from aenv.pool._process_bell import Bell
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -384,7 +393,14 @@ class ProcessBackend(ClosingMixin, Backend):
                     for row, i in enumerate(group[0]):
                         self._bank_rows[bank][i] = (blocks, row)
         assert w.chan is not None
-        w.chan.send_fd(w.region_fd)
+        # a doorbell per start: nothing a dead worker rang or answered reaches this one
+        w.close_bell()
+        if Bell.available():
+            w.bell = Bell(len(w.indices))
+            self._channels.append(w.bell)  # (the finalizer's, as the sockets)
+            if self._loop is not None:
+                w.bell.attach(self._loop, weak_callback(self._on_bell, w))
+        w.chan.send_fds([w.region_fd, *(w.bell.fds if w.bell is not None else ())])
         w.chan.send([("slots", w.region_size, w.layouts, w.bank_size)])
         w.state = "ready"
         if w.outbox:
@@ -411,6 +427,8 @@ class ProcessBackend(ClosingMixin, Backend):
         for w in self._workers:
             if w.chan is not None and not w.chan.closed:
                 w.chan.attach(loop, weak_callback(self._on_readable, w))
+            if w.bell is not None:
+                w.bell.attach(loop, weak_callback(self._on_bell, w))
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending and self._loop is not None:
@@ -437,6 +455,20 @@ class ProcessBackend(ClosingMixin, Backend):
         for frame in frames:
             for msg in frame:
                 self._on_message(w, msg)
+
+    def _on_bell(self, w: _Worker) -> None:
+        """The worker rang back: a stacked call's envs all answered, results in the rows
+        (see :mod:`aenv.pool._process_bell`); handled as the ``"b"`` frame it replaces."""
+        bell = w.bell
+        if bell is None or self._closing:
+            return
+        done = bell.take_done()
+        if done is None:
+            return
+        seq, outcomes = done
+        entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+        if entries:
+            self._on_batch_reply(seq, entries)
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if self._closing:
@@ -777,7 +809,8 @@ class ProcessBackend(ClosingMixin, Backend):
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                self._send_batch(w, seq, op, items, timed, bank)
+                if timed or not self._ring(w, seq, op, bank, stepping):
+                    self._send_batch(w, seq, op, items, timed, bank)
         except BaseException:
             self._abandon(batch)
             raise
@@ -827,6 +860,20 @@ class ProcessBackend(ClosingMixin, Backend):
             return Stacked(nxt)
         mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
         return Stacked(nxt, stacked.read("reset"), mask)
+
+    def _ring(
+        self, w: _Worker, seq: int, op: str, bank: int, stepping: frozenset[int] | None
+    ) -> bool:
+        """Start a stacked call's share of ``w`` with its doorbell; False (nothing done)
+        where the socket must carry it: no doorbell, a worker not ready, or commands still
+        queued for it (the doorbell would overtake them)."""
+        bell, chan = w.bell, w.chan
+        if bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending:
+            return False
+        steps = None if stepping is None else [i in stepping for i in w.indices]
+        bell.ring(seq, op, bank, steps)
+        w.bell_seq = seq
+        return True
 
     def _send_batch(
         self,
@@ -990,6 +1037,7 @@ class ProcessBackend(ClosingMixin, Backend):
         w.state = "dead"
         for i in w.indices:
             self._fences.pop(i, None)
+        w.close_bell()
         if w.chan is not None:
             w.chan.close()
         w.close_probe(self._loop)

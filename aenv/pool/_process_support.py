@@ -18,6 +18,7 @@ import torch
 
 from aenv.pool._backend import Failure
 from aenv.pool._channel import Channel, ChannelClosed
+from aenv.pool._process_bell import Bell
 
 __all__ = [
     "OWNER_VAR",
@@ -124,6 +125,17 @@ class Worker:
         #: starts in a row whose envs could not be built, and the timer of the next try
         self.failed_starts = 0
         self.respawn_timer: asyncio.TimerHandle | None = None
+        #: the worker's doorbell (:mod:`aenv.pool._process_bell`; None where the platform
+        #: has none) and the call last rung on it
+        self.bell: Bell | None = None
+        self.bell_seq = 0
+
+    def close_bell(self) -> None:
+        """Stop watching and close the doorbell."""
+        bell, self.bell = self.bell, None
+        self.bell_seq = 0
+        if bell is not None:
+            _detach_and_close(bell)
 
     def close_probe(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Stop watching and close the probe socket."""
@@ -304,6 +316,7 @@ class ClosingMixin:
 
     def _release(self) -> None:
         for w in self._workers:
+            w.close_bell()
             if w.region_fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(w.region_fd)

@@ -21,6 +21,9 @@ Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the
   as they finish when ``stream`` was set), ``("ack", env)`` for a replace,
   ``("cx", env, n)`` for ``n`` cancels of the env once nothing runs for it (until then the
   parent sends the env's inputs pickled, not through its input slot).
+* the doorbell (:mod:`aenv.pool._process_bell`), beside the socket: a stacked call rung
+  there runs as a ``("batch", ...)`` would, and is answered there when all its envs' results
+  are in the rows (else as a ``"b"`` frame).
 
 The worker exits when told to, when its socket reaches EOF, and when the parent process
 dies (``PR_SET_PDEATHSIG`` on Linux where the parent's main thread started it, and a
@@ -62,6 +65,7 @@ from aenv.exceptions import EnvStepError
 from aenv.pool import _codec as codec
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ops import drive, execute, execute_inline, lean_inline, runs_inline, step_rows
+from aenv.pool._process_bell import Bell
 from aenv.pool._process_support import close_inherited
 from aenv.pool._shm import Slot, map_region, map_slots
 
@@ -211,17 +215,19 @@ def worker_main(
             chan.flush_blocking(5.0)
         os._exit(1)
     try:
-        fd = chan.recv_fd()
+        fd, *bell_fds = chan.recv_fds(4)
         ((_, size, layouts, bank_size),) = chan.recv_blocking(limit=1)[0]
         flat = map_region(fd, size)
         os.close(fd)
+        # (the region's alone: the parent's platform has no doorbell)
+        bell = Bell(len(indices), bell_fds) if bell_fds else None
     except (ChannelClosed, OSError, ValueError):
         os._exit(1)
     banks = [
         {i: map_slots(flat[start:], layouts.get(i)) for i in indices}
         for start in range(0, size, bank_size)
     ]
-    runtime = _Runtime(chan, envs, fns, banks[0], banks)
+    runtime = _Runtime(chan, envs, fns, banks[0], banks, bell, indices)
     if probe is not None:
         threading.Thread(
             target=_watchdog,
@@ -245,7 +251,7 @@ class _Batch:
     (``("b", seq, entries)``) once all are in, or as they come when ``stream`` is set (the
     parent has a step timeout and must know which envs finished)."""
 
-    __slots__ = ("bank", "entries", "left", "listed", "seq", "stream")
+    __slots__ = ("bank", "entries", "left", "listed", "rung", "seq", "stream")
 
     def __init__(self, seq: int, left: int, stream: bool, bank: int = 0) -> None:
         self.seq = seq
@@ -254,6 +260,9 @@ class _Batch:
         self.bank = bank
         self.entries: list[tuple[int, int, Any]] = []
         self.listed = False
+        #: started by the doorbell (:mod:`aenv.pool._process_bell`): answered there when
+        #: every env's results are in the rows
+        self.rung = False
 
 
 # An operation on one env: (env, seq, op, data, batch or None).
@@ -270,8 +279,16 @@ class _Runtime:
         fns: dict[int, Callable[[], EnvBase]],
         slots: dict[int, dict[str, Slot] | None],
         banks: list[dict[int, dict[str, Slot] | None]] | None = None,
+        bell: Bell | None = None,
+        indices: list[int] | None = None,
     ) -> None:
         self.chan = chan
+        self.bell = bell
+        self.indices = indices if indices is not None else list(envs)
+        #: env -> its position among the worker's envs (its byte in the doorbell's page)
+        self.local = {i: j for j, i in enumerate(self.indices)}
+        #: per doorbell mask: the ``(env, None)`` items of the batch it starts
+        self.bell_items: dict[bytes, list[tuple[int, None]]] = {}
         self.envs = envs
         self.fns = fns
         self.slots = slots  # bank 0's
@@ -284,6 +301,8 @@ class _Runtime:
         self.retired: set[asyncio.Task[Any]] = set()
         #: env -> cancels to acknowledge when its running task is over
         self.cancel_acks: dict[int, int] = {}
+        #: env -> the doorbell call it was cancelled from before the worker took that call
+        self.skip: dict[int, int] = {}
         self.out: list[tuple[Any, ...]] = []
         self.out_batches: list[_Batch] = []
         self.out_since = 0.0
@@ -295,6 +314,8 @@ class _Runtime:
         self.loop = loop
         self.done: asyncio.Future[None] = loop.create_future()
         self.chan.attach(loop, self._on_readable)
+        if self.bell is not None:
+            loop.add_reader(self.bell.go_fd, self._on_bell)
         # Commands that arrived with the handshake's last frame are already buffered.
         self._handle_frames(self.chan.take_buffered())
         await self.done
@@ -309,6 +330,34 @@ class _Runtime:
             self._stop()
             return
         self._handle_frames(frames)
+
+    def _on_bell(self) -> None:
+        """The doorbell rang: a stacked step of some of this worker's envs, inputs in the
+        rows of the bank it names. Commands the parent wrote to the socket before ringing
+        are handled first (a cancel or replace must not find the step already run)."""
+        bell = self.bell
+        assert bell is not None
+        self._on_readable()
+        if self.done.done():
+            return
+        go = bell.take_go()
+        if go is None:
+            return  # taken with an earlier ring
+        seq, op, bank, mask = go
+        items = self.bell_items.get(mask)
+        if items is None:
+            items = self.bell_items[mask] = [
+                (i, None) for i, flag in zip(self.indices, mask) if flag
+            ]
+        if self.skip:
+            skip = self.skip
+            items = [item for item in items if skip.pop(item[0], None) != seq]
+            if not items:
+                return
+        batch = _Batch(seq, len(items), False, bank)
+        batch.rung = True
+        self._slot_batch(seq, op, items, batch)
+        self._flush()
 
     def _handle_frames(self, frames: list[Any]) -> None:
         for frame in frames:
@@ -332,7 +381,13 @@ class _Runtime:
         elif kind == "cancel":
             _, i, seq = cmd
             task = self.tasks.get(i)
-            if self.seq.get(i) == seq:
+            current = self.seq.get(i)
+            if self.bell is not None and seq > (current or 0) and seq > self.bell.taken:
+                # a call rung on the doorbell and not taken yet (the socket is read first):
+                # the env sits it out, so it never reads the input slot the parent may
+                # write again once this cancel is acknowledged
+                self.skip[i] = seq
+            if current == seq:
                 self._forget(i)
                 if task is not None:
                     task.cancel()
@@ -596,7 +651,8 @@ class _Runtime:
         self.flush_scheduled = False
         if self.out_batches:
             for batch in self.out_batches:
-                self.out.append(("b", batch.seq, batch.entries))
+                if not (batch.rung and self._answer_bell(batch)):
+                    self.out.append(("b", batch.seq, batch.entries))
                 batch.entries = []
                 batch.listed = False
             self.out_batches = []
@@ -607,6 +663,21 @@ class _Runtime:
             except ChannelClosed:
                 self.parent_gone = True
                 self._stop()
+
+    def _answer_bell(self, batch: _Batch) -> bool:
+        """Answer a rung batch through the doorbell: only when every env's results are in
+        the rows and it is the latest call rung (else it goes back as a frame)."""
+        bell = self.bell
+        if bell is None or batch.left or bell.taken != batch.seq:
+            return False
+        outcomes = bytearray(bell.n)
+        local = self.local
+        for i, code, data in batch.entries:
+            if code != SLOT:
+                return False
+            outcomes[local[i]] = 2 if data else 1
+        bell.answer(batch.seq, bytes(outcomes))
+        return True
 
     # ------------------------------------------------------------------ closing
     async def _shutdown(self, grace: float) -> None:

@@ -30,12 +30,15 @@ FORKSERVER = {"start_method": "forkserver"}
 
 
 class Traffic:
-    """Records the frames the parent sends to its workers and the messages it receives."""
+    """Records the frames the parent sends to its workers and the messages it receives,
+    and the calls rung and answered on the workers' doorbells."""
 
     def __init__(self, pool: ProcessorAsyncEnvPool, monkeypatch: pytest.MonkeyPatch) -> None:
         backend = pool._backend
         self.sent: list[list[tuple[Any, ...]]] = []
         self.received: list[tuple[Any, ...]] = []
+        self.rung: list[tuple[int, str, Any]] = []  # (worker, op, steps)
+        self.answered: list[tuple[int, bytes]] = []  # (worker, outcome bytes)
         for w in backend._workers:  # type: ignore[attr-defined]
             send = w.chan.send
 
@@ -44,6 +47,22 @@ class Traffic:
                 send(frame)
 
             monkeypatch.setattr(w.chan, "send", spy_send)
+            if w.bell is None:
+                continue
+            ring, take_done = w.bell.ring, w.bell.take_done
+
+            def spy_ring(seq: int, op: str, bank: int, steps: Any, w: Any = w, ring: Any = ring):
+                self.rung.append((w.wid, op, steps))
+                ring(seq, op, bank, steps)
+
+            def spy_done(w: Any = w, take_done: Any = take_done) -> Any:
+                done = take_done()
+                if done is not None:
+                    self.answered.append((w.wid, bytes(done[1])))
+                return done
+
+            monkeypatch.setattr(w.bell, "ring", spy_ring)
+            monkeypatch.setattr(w.bell, "take_done", spy_done)
         on_message = backend._on_message  # type: ignore[attr-defined]
 
         def spy_message(w: Any, msg: tuple[Any, ...]) -> None:
@@ -55,6 +74,8 @@ class Traffic:
     def clear(self) -> None:
         self.sent.clear()
         self.received.clear()
+        self.rung.clear()
+        self.answered.clear()
 
 
 async def until(condition: Any) -> None:
@@ -89,6 +110,15 @@ async def test_one_command_and_one_reply_per_worker(monkeypatch):
                 out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
                 assert out["next", "observation"].squeeze(-1).tolist() == [2] * 6
                 assert td["observation"].squeeze(-1).tolist() == [2] * 6
+            if call != "reset" and sys.platform.startswith("linux"):
+                # a stacked step: one ring of each worker's doorbell, one answer back, no
+                # frame either way (inputs and results are in the shared-memory rows)
+                assert traffic.sent == [] and traffic.received == [], call
+                assert traffic.rung == [(0, call, None), (1, call, None)]
+                assert sorted(w for w, _ in traffic.answered) == [0, 1]
+                # every env answered in the rows (1), none reset (2: CountingEnv is not done)
+                assert all(o == b"\x01\x01\x01" for _, o in traffic.answered)
+                continue
             # one frame per worker, each one batch command for its three envs
             assert len(traffic.sent) == 2, call
             for frame, envs in zip(traffic.sent, ([0, 1, 2], [3, 4, 5])):

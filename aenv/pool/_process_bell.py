@@ -1,0 +1,161 @@
+"""A worker's doorbell: the wake-up and completion signal of a stacked whole-batch step.
+
+A stacked step (:meth:`~aenv.pool._process.ProcessBackend.launch_stacked`) has its inputs
+and results in the shared-memory rows already; what is left to exchange is "go" and
+"done". Sending them as pickled frames over the worker's socket cost each side a pickle,
+a frame and a socket write per batch (the write that wakes the other end being the
+dearest single item of the parent's batch step). The doorbell carries them instead: a small
+shared page and two ``eventfd`` counters per worker.
+
+* go: the parent writes the op, the bank and which of the worker's envs step into the
+  page, then the call's sequence number, then adds 1 to the go counter.
+* done: once every env answered with its results in the rows, the worker writes each
+  env's outcome flag (0: not part of it, 1: in the rows, 2: in the rows and reset), then
+  the sequence number, then adds 1 to the done counter (the parent's loop watches it).
+
+Everything else (failures, pickled results, streamed batches, cancels, crashes) keeps the
+socket, so a call whose envs do not all answer in the rows comes back as a ``"b"`` frame
+as before. Measured on a 2-core machine (see ``benchmarks/RESULTS.md``), an eventfd or a
+pipe wake-up costs about half a socket write, and a shared-memory flag with a short spin
+before sleeping was slower at every cost per step (the spinner takes a core from the
+workers), so the doorbell sleeps at once.
+
+The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence
+at 16, then one byte per env of the worker saying whether it steps, then one outcome byte
+per env. The counters and the page's writes are ordered by the eventfd syscalls (a full
+barrier on both sides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import struct
+import weakref
+from collections.abc import Callable, Sequence
+
+__all__ = ["OPS", "Bell"]
+
+#: op names by their code in the page
+OPS = ("step", "step_and_maybe_reset")
+_CODE = {op: k for k, op in enumerate(OPS)}
+_SEQ = struct.Struct("<q")
+_GO, _OP, _BANK, _DONE, _MASK = 0, 8, 9, 16, 24
+
+
+def _close(fds: list[int], page: mmap.mmap) -> None:
+    with contextlib.suppress(Exception):
+        page.close()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class Bell:
+    """One worker's doorbell (see the module docstring).
+
+    Args:
+        n: the number of envs the worker holds.
+        fds: the page's, the go counter's and the done counter's descriptors (the worker's
+            side, received from the parent); None makes new ones (the parent's side).
+    """
+
+    def __init__(self, n: int, fds: Sequence[int] | None = None) -> None:
+        self.n = n
+        size = mmap.PAGESIZE * (1 + (_MASK + 2 * n) // mmap.PAGESIZE)
+        if fds is None:
+            page_fd = os.memfd_create("aenv-bell", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(page_fd, size)
+                go = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                done = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            except BaseException:
+                os.close(page_fd)
+                raise
+            fds = [page_fd, go, done]
+        else:
+            for fd in fds:
+                os.set_blocking(fd, False)
+        self.fds = list(fds)
+        self.page_fd, self.go_fd, self.done_fd = self.fds
+        self.page = mmap.mmap(self.page_fd, size)
+        self._res = _MASK + n
+        #: the last sequence number taken from the page (go on the worker, done on the parent)
+        self.taken = 0
+        self._finalizer = weakref.finalize(self, _close, self.fds, self.page)
+        #: the parent's loop watching the done counter
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this platform has what the doorbell needs (Linux's eventfd, memfd)."""
+        return hasattr(os, "eventfd") and hasattr(os, "memfd_create")
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_done: Callable[[], None]) -> None:
+        """Watch the done counter from ``loop`` (moving from a previous loop if any)."""
+        if self.loop is loop or self.closed:
+            return
+        self.detach()
+        loop.add_reader(self.done_fd, on_done)
+        self.loop = loop
+
+    def detach(self) -> None:
+        """Stop watching the done counter (from a loop that may already be closed)."""
+        loop, self.loop = self.loop, None
+        if loop is not None and not loop.is_closed() and not self.closed:
+            loop.remove_reader(self.done_fd)
+
+    def close(self) -> None:
+        """Stop watching, unmap the page and close the descriptors (idempotent)."""
+        if not self.closed:
+            self.detach()
+        self._finalizer()
+
+    # ------------------------------------------------------------------ parent side
+    def ring(self, seq: int, op: str, bank: int, steps: Sequence[bool] | None) -> None:
+        """Start call ``seq``: ``op`` on bank ``bank`` for the envs ``steps`` flags (every
+        env when None)."""
+        page = self.page
+        page[_OP] = _CODE[op]
+        page[_BANK] = bank
+        n = self.n
+        page[_MASK : _MASK + n] = b"\x01" * n if steps is None else bytes(map(bool, steps))
+        _SEQ.pack_into(page, _GO, seq)
+        os.eventfd_write(self.go_fd, 1)
+
+    def take_done(self) -> tuple[int, bytes] | None:
+        """The latest completed call not taken yet: its sequence number and one outcome
+        byte per env; None when there is none."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.done_fd)
+        seq = _SEQ.unpack_from(self.page, _DONE)[0]
+        if seq == self.taken:
+            return None
+        self.taken = seq
+        return seq, self.page[self._res : self._res + self.n]
+
+    # ------------------------------------------------------------------ worker side
+    def take_go(self) -> tuple[int, str, int, bytes] | None:
+        """The call rung and not taken yet: sequence number, op, bank, one byte per env
+        saying whether it steps; None when there is none (taken already)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.go_fd)
+        seq = _SEQ.unpack_from(self.page, _GO)[0]
+        if seq <= self.taken:
+            return None
+        self.taken = seq
+        page = self.page
+        return seq, OPS[page[_OP]], page[_BANK], page[_MASK : _MASK + self.n]
+
+    def answer(self, seq: int, outcomes: bytes) -> None:
+        """Call ``seq`` is done, every env's results in the rows: ``outcomes`` has one
+        byte per env (0: not in the call, 1: done, 2: done and reset)."""
+        self.page[self._res : self._res + self.n] = outcomes
+        _SEQ.pack_into(self.page, _DONE, seq)
+        os.eventfd_write(self.done_fd, 1)

@@ -1,0 +1,145 @@
+"""The process backend's doorbell (:mod:`aenv.pool._process_bell`): a stacked step's go and
+done signals, what falls back to the socket, and a fresh doorbell after a respawn."""
+
+from __future__ import annotations
+
+import os
+import signal
+from functools import partial
+from typing import Any
+
+import pytest
+
+from aenv import PoolError, WorkerCrashedError
+from aenv.pool import ProcessorAsyncEnvPool
+from aenv.pool._process_bell import Bell
+from aenv.testing import CountingEnv
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not Bell.available(), reason="the doorbell needs Linux (eventfd, memfd)"),
+]
+
+
+def counting_pool(**kwargs: Any) -> ProcessorAsyncEnvPool:
+    return ProcessorAsyncEnvPool(
+        [partial(CountingEnv, max_steps=1000) for _ in range(4)],
+        num_workers=2,
+        start_method="forkserver",
+        **kwargs,
+    )
+
+
+class Rings:
+    """Counts the calls rung on each worker's doorbell and the batch frames sent."""
+
+    def __init__(self, pool: ProcessorAsyncEnvPool, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rung: list[tuple[int, int, str]] = []  # (worker, seq, op)
+        self.frames = 0
+        for w in pool._backend._workers:  # type: ignore[attr-defined]
+            ring, send = w.bell.ring, w.chan.send
+
+            def spy_ring(seq: int, op: str, bank: int, steps: Any, w: Any = w, ring: Any = ring):
+                self.rung.append((w.wid, seq, op))
+                ring(seq, op, bank, steps)
+
+            def spy_send(frame: Any, send: Any = send) -> None:
+                self.frames += sum(1 for cmd in frame if cmd[0] == "batch")
+                send(frame)
+
+            monkeypatch.setattr(w.bell, "ring", spy_ring)
+            monkeypatch.setattr(w.chan, "send", spy_send)
+
+
+def test_a_call_is_taken_once_and_answered_once():
+    parent = Bell(3)
+    worker = Bell(3, [os.dup(fd) for fd in parent.fds])
+    try:
+        assert worker.take_go() is None  # nothing rung yet
+        parent.ring(5, "step_and_maybe_reset", 1, [True, False, True])
+        assert worker.take_go() == (5, "step_and_maybe_reset", 1, b"\x01\x00\x01")
+        assert worker.take_go() is None  # taken
+        parent.ring(6, "step", 0, None)
+        parent.ring(7, "step", 0, None)
+        assert worker.take_go() == (7, "step", 0, b"\x01\x01\x01")  # the latest call
+        assert worker.take_go() is None
+        assert parent.take_done() is None
+        worker.answer(7, b"\x01\x02\x00")
+        assert parent.take_done() == (7, b"\x01\x02\x00")
+        assert parent.take_done() is None  # taken
+    finally:
+        worker.close()
+        parent.close()
+    assert parent.closed and worker.closed
+    with pytest.raises(OSError):
+        os.fstat(parent.go_fd)
+
+
+async def test_stacked_steps_ring_and_others_use_the_socket(monkeypatch):
+    async with counting_pool() as pool:
+        rings = Rings(pool, monkeypatch)
+        td = await pool.reset()
+        assert rings.frames == 2 and not rings.rung  # a reset is a batch frame per worker
+        for k in range(3):
+            out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+            assert out["next", "observation"].squeeze(-1).tolist() == [k + 1] * 4
+        assert rings.frames == 2
+        assert [(w, op) for w, _, op in rings.rung] == [
+            (0, "step_and_maybe_reset"),
+            (1, "step_and_maybe_reset"),
+        ] * 3
+        # a rollout (consecutive calls chained from the reply handler) rings too
+        rings.rung.clear()
+        out = await pool.rollout(4, break_when_any_done=False, auto_reset=False, tensordict=td)
+        assert out["next", "observation"][:, -1].squeeze(-1).tolist() == [7] * 4
+        assert len(rings.rung) == 8 and rings.frames == 2
+
+
+async def test_a_step_timeout_streams_the_batch_through_the_socket(monkeypatch):
+    async with counting_pool(step_timeout=30.0) as pool:
+        rings = Rings(pool, monkeypatch)
+        td = await pool.reset()
+        out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        assert out["next", "observation"].squeeze(-1).tolist() == [1] * 4
+        # streamed (each env's outcome as it finishes, for the timeout): frames, no ring
+        assert not rings.rung and rings.frames == 4
+
+
+async def test_a_respawned_worker_gets_a_fresh_doorbell():
+    async with counting_pool() as pool:
+        backend: Any = pool._backend
+        td = await pool.reset()
+        _, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        old = backend._workers[0].bell
+        victim = backend._workers[0].pid
+        os.kill(victim, signal.SIGKILL)
+        # rung on the dead worker's doorbell before the parent saw the death: its envs fail
+        with pytest.raises(PoolError) as info:
+            await pool.step_and_maybe_reset(pool.rand_action(td))
+        assert sorted(info.value.errors) == [0, 1]
+        assert all(isinstance(e, WorkerCrashedError) for e in info.value.errors.values())
+        assert old.closed
+        td = await pool.reset()  # (waits for the respawned worker)
+        assert victim not in pool.worker_pids
+        new = backend._workers[0].bell
+        assert new is not None and new is not old and not new.closed
+        out, td = await pool.step_and_maybe_reset(pool.rand_action(td))
+        assert out["next", "observation"].squeeze(-1).tolist() == [1] * 4
+        assert new.taken > 0  # answered through the new doorbell
+
+
+async def test_a_lockstep_collector_over_processes_rings(monkeypatch):
+    from aenv.collectors import Collector
+
+    pool = counting_pool()
+    rings = Rings(pool, monkeypatch)
+    async with Collector(
+        pool, None, frames_per_batch=12, total_frames=24, streaming=False
+    ) as collector:
+        batches = [batch async for batch in collector]
+    assert [b.batch_size for b in batches] == [(4, 3), (4, 3)]
+    # CountingEnv's observation counts its steps: 6 steps of every env, in order
+    counts = [b["next", "observation"].squeeze(-1) for b in batches]
+    assert counts[0][:, -1].tolist() == [3] * 4 and counts[1][:, -1].tolist() == [6] * 4
+    # each step a ring per worker; only the reset went as frames
+    assert len(rings.rung) == 12 and rings.frames == 2
