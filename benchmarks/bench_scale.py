@@ -18,9 +18,9 @@ What it compares (all aenv, one run):
   where the machine becomes the bottleneck). The limit is the same load without a pool:
   one plain asyncio task per env that sleeps the same seeded latencies and builds one
   TensorDict per step. Each row runs in a fresh interpreter; besides % of ideal it gives
-  the CPU time per env-step and the part of it the cyclic garbage collector took (timed
-  with ``gc.callbacks``), with the collector as is and with ``gc.freeze()`` after the
-  build;
+  the CPU time per env-step and the part of it the cyclic garbage collector took (both
+  counted from the first send; the collector's time with ``gc.callbacks``), with the
+  collector as is and with ``gc.freeze()`` after the build;
 * the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes.
 
 Run: ``python benchmarks/bench_scale.py [--quick]``
