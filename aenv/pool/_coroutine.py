@@ -1,13 +1,22 @@
 """The coroutine backend: sub-envs live in the pool's event loop.
 
-Async envs run as tasks of the pool's loop; a sync, non-blocking env's operation is run
-inline (no task: it cannot suspend anyway), and one declared ``blocking`` runs in a worker
-(daemon) thread as :class:`~aenv.EnvBase` arranges.
+Async envs run in the pool's loop, each in a worker task of its own; a sync, non-blocking
+env's operation is run inline (no task: it cannot suspend anyway), and one declared
+``blocking`` runs in a worker (daemon) thread as :class:`~aenv.EnvBase` arranges.
 
-Tasks are not held by a task group: they outlive any one caller's scope (a streamed step
+One worker per env for the pool's life, not one task per operation: a worker runs its env's
+operations one after another and, in between, waits on a future of its own that the next
+``submit`` sets. A task per step made a task, its context, its weak reference and three
+coroutine frames for every step, all alive as long as the step; with thousands of slow envs
+in flight the cyclic garbage collector promoted every one of them and its full collections
+(which walk every env of the pool) came that much more often. A step in flight now holds
+only the env's own coroutines (and, for a lean step, calls the env's step hook directly).
+
+Workers are not held by a task group: they outlive any one caller's scope (a streamed step
 is sent by one call and received by another). The backend owns them instead: each catches
 its env's exception and delivers it as a :class:`~aenv.pool._backend.Failure` (so no
-failure goes unseen), and :meth:`CoroutineBackend.aclose` cancels and awaits them all.
+failure goes unseen), a cancelled or replaced env's worker ends (a fresh one starts with the
+next operation), and :meth:`CoroutineBackend.aclose` cancels and awaits them all.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._build import paused_gc, share_specs
-from aenv.pool._ops import drive, execute, runs_inline
+from aenv.pool._ops import drive, execute, lean_inline, runs_inline
 from aenv.pool._rows import Rows
 from aenv.pool._stacking import split_inputs
 
@@ -38,11 +47,19 @@ class CoroutineBackend(Backend):
 
     name = "coroutine"
     has_run_stacked = True
+    #: streamed steps may hand each env its row of the pool's input buffers
+    #: (:mod:`aenv.pool._stream_rows`): the envs read it here, in the pool's loop
+    stream_rows = True
 
     def __init__(self, deliver: Any, **options: Any) -> None:
         super().__init__(deliver, **options)
         self.envs: list[EnvBase] = []
-        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        # env i's worker (see _work), once an operation of env i did not run inline
+        self._workers: dict[int, asyncio.Task[Any]] = {}
+        # the idle workers' futures, by env: an operation is handed over by setting one
+        self._idle: dict[int, asyncio.Future[tuple[str, Any]]] = {}
+        # an operation submitted while its env's worker was busy delivering
+        self._queued: dict[int, tuple[str, Any]] = {}
         self._retired: set[asyncio.Task[Any]] = set()
         # the cancelled operations still unwinding, by env (see settle)
         self._cancelled: dict[int, asyncio.Task[Any]] = {}
@@ -75,22 +92,59 @@ class CoroutineBackend(Backend):
             else:
                 self._deliver(env_index, result)
             return
-        task = asyncio.get_running_loop().create_task(self._run(env_index, env, op, payload))
-        self._tasks[env_index] = task
+        idle = self._idle.pop(env_index, None)
+        if idle is not None:
+            idle.set_result((op, payload))
+        elif env_index in self._workers:
+            # its worker is busy handing back the last outcome (a restart's reset is
+            # submitted from inside that delivery): it takes this one next
+            self._queued[env_index] = (op, payload)
+        else:
+            worker = asyncio.get_running_loop().create_task(self._work(env_index, env, op, payload))
+            self._workers[env_index] = worker
 
-    async def _run(self, env_index: int, env: EnvBase, op: str, payload: Any) -> None:
-        outcome: Any
+    async def _work(self, env_index: int, env: EnvBase, op: str, payload: Any) -> None:
+        """Env ``env_index``'s worker: runs its operations one after another, from the
+        first (``op``, ``payload``) to the last, and waits in between on a future of its
+        own. One task per env for the pool's life, not one per operation: a step in flight
+        holds only its own coroutines (see the module docstring)."""
+        me = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        workers, idle, queued = self._workers, self._idle, self._queued
         try:
-            outcome = await execute(env, op, payload)
-        except Exception as exc:
-            outcome = Failure(exc)
-        task = asyncio.current_task()
-        if self._tasks.get(env_index) is task:
-            del self._tasks[env_index]
-            self._deliver(env_index, outcome)
+            while True:
+                outcome: Any
+                try:
+                    if op == "step" and lean_inline(env, op, payload):
+                        # the step hook straight away: two coroutines fewer per step than
+                        # execute() (the same call its lean path makes)
+                        outcome = await env._step_into(payload, None)
+                    else:
+                        outcome = await execute(env, op, payload)
+                except Exception as exc:
+                    outcome = Failure(exc)
+                payload = None  # (a waiting worker holds no input)
+                if workers.get(env_index) is not me:
+                    return  # given up: cancelled (and the env ignored it) or replaced
+                self._deliver(env_index, outcome)
+                outcome = None
+                if workers.get(env_index) is not me:
+                    return  # the delivery replaced the env (a restart): a new worker runs it
+                nxt = queued.pop(env_index, None)
+                if nxt is None:
+                    fut: asyncio.Future[tuple[str, Any]] = loop.create_future()
+                    idle[env_index] = fut
+                    nxt = await fut
+                op, payload = nxt
+                nxt = None
+        finally:
+            if workers.get(env_index) is me:
+                del workers[env_index]
+                idle.pop(env_index, None)
+                queued.pop(env_index, None)
 
     def cancel(self, env_index: int) -> bool:
-        if not self._drop_task(env_index):
+        if env_index in self._idle or not self._drop_task(env_index):
             return False
         if self.envs[env_index].blocking:
             # its worker thread cannot be stopped and would go on using the env: give it up
@@ -98,9 +152,11 @@ class CoroutineBackend(Backend):
         return True
 
     def _drop_task(self, env_index: int) -> bool:
-        task = self._tasks.pop(env_index, None)
+        task = self._workers.pop(env_index, None)
         if task is None:
             return False
+        self._idle.pop(env_index, None)
+        self._queued.pop(env_index, None)
         task.cancel()
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -181,8 +237,11 @@ class CoroutineBackend(Backend):
 
     # ------------------------------------------------------------------ closing
     async def aclose(self, grace: float = 5.0) -> None:
-        for i in list(self._tasks):
-            self.cancel(i)
+        for i in list(self._workers):
+            if i in self._idle:
+                self._drop_task(i)
+            else:
+                self.cancel(i)
         if self._retired:
             with anyio.move_on_after(grace):
                 await asyncio.gather(*list(self._retired), return_exceptions=True)

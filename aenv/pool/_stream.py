@@ -17,6 +17,7 @@ from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
 from aenv.pool._stacking import stack_results, unbind0
+from aenv.pool._stream_rows import StreamRows
 from aenv.pool._sub_checks import check_sub_inputs
 
 __all__ = ["StreamMixin"]
@@ -58,25 +59,45 @@ class StreamMixin(_Dispatcher):
 
     def _send(self, op: str, td: TensorDictBase | None, env_index: IndexLike | None) -> None:
         self._check_open()
-        indices, subs = self._split_send(td, env_index)
+        indices, single = self._send_indices(td, env_index)
         if len(set(indices)) != len(indices):
             raise ValueError(f"an env index appears twice in one send: {indices}")
         self._check_free(indices)
+        rows = self._rows_for(op)
+        subs = self._split_send(td, indices, single, rows)
         # the inputs are checked as pool.step checks them, before anything is sent
         check_sub_inputs(self, op, indices, subs)
         for i, sub in zip(indices, subs):
             payload: Any = (sub, {}) if op == "reset" else sub
             t = _Ticket(i, op, payload, None, 0)
             self._streaming[op] += 1
+            staged = rows is not None and rows.intact(i, sub)
+            if staged:
+                rows.pending[i] = 1  # type: ignore[union-attr]
             try:
                 self._enqueue(t)
             except BaseException:
                 self._streaming[op] -= 1
+                if staged:
+                    rows.pending[i] = 0  # type: ignore[union-attr]
                 raise
 
-    def _split_send(
+    def _rows_for(self, op: str) -> StreamRows | None:
+        """The input rows of streamed steps (:mod:`aenv.pool._stream_rows`), where the
+        backend's envs live in this process and read them there, and the pool is dense."""
+        if op != "step" or self._lazy or not getattr(self._backend, "stream_rows", False):
+            return None
+        if "_stream_rows" not in self.__dict__:
+            envs = self._backend.envs  # type: ignore[attr-defined]
+            rows = StreamRows(envs[0], len(envs), self._sub_batch)
+            # (None when the inputs cannot be planned: every send splits its batch)
+            self.__dict__["_stream_rows"] = rows if rows.ok else None
+        return self.__dict__["_stream_rows"]  # type: ignore[no-any-return]
+
+    def _send_indices(
         self, td: TensorDictBase | None, env_index: IndexLike | None
-    ) -> tuple[list[int], list[TensorDictBase | None]]:
+    ) -> tuple[list[int], bool]:
+        """The envs a send goes to, and whether ``td`` is one env's input."""
         sub_bs = self._sub_batch
         n = self.num_envs
         if env_index is None:
@@ -98,25 +119,44 @@ class StreamMixin(_Dispatcher):
             if not 0 <= i < n:
                 raise IndexError(f"env index {i} out of range for a pool of {n} envs")
         if td is None:
-            return idx, [None] * len(idx)
+            return idx, single
         if single:
             if td.batch_size != sub_bs:
                 raise BatchSizeError(
                     f"a single env's input must have the sub-env batch size {tuple(sub_bs)}, got "
                     f"{tuple(td.batch_size)}"
                 )
-            return idx, [td]
-        if td.batch_size != (len(idx), *sub_bs):
+        elif td.batch_size != (len(idx), *sub_bs):
             raise BatchSizeError(
                 f"expected an input of batch size {(len(idx), *sub_bs)} for {len(idx)} envs, got "
                 f"{tuple(td.batch_size)}"
             )
+        return idx, single
+
+    def _split_send(
+        self,
+        td: TensorDictBase | None,
+        indices: list[int],
+        single: bool,
+        rows: StreamRows | None,
+    ) -> list[TensorDictBase | None]:
+        """Each env's input: its row where ``rows`` takes the send, else its own
+        TensorDict (a slice of ``td``)."""
+        if td is None:
+            return [None] * len(indices)
+        staged = rows.stage(td, indices, single) if rows is not None else None
+        if staged is not None and all(sub is not None for sub in staged):
+            return staged  # type: ignore[return-value]
+        if single:
+            return [td]
         subs: list[TensorDictBase | None]
         if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
             subs = list(td.tensordicts)
         else:
             subs = list(unbind0(td))
-        return idx, subs
+        if staged is not None:  # the envs whose rows are still pending get their own
+            subs = [own if row is None else row for row, own in zip(staged, subs)]
+        return subs
 
     # ------------------------------------------------------------------ receive
     async def async_step_recv(
@@ -259,6 +299,9 @@ class StreamMixin(_Dispatcher):
         for k, item in enumerate(items):
             if isinstance(item[1], Failure):
                 ready.extendleft(reversed(items[:k] + items[k + 1 :]))
+                rows = self.__dict__.get("_stream_rows")
+                if rows is not None:
+                    rows.release(item[0], item[2].payload)
                 raise item[1].exc
         return self._stack_stream(op, items)
 
@@ -277,8 +320,20 @@ class StreamMixin(_Dispatcher):
             out = stack_results([it[1] for it in items], self._lazy)
             out.set("env_index", idx)
             return out
+        rows: StreamRows | None = self.__dict__.get("_stream_rows")
         if op == "step" and not self._lazy:
             sents = [t.payload for _, _, t in items]
+            if rows is not None and all(rows.intact(i, t.payload) for i, _, t in items):
+                # the inputs straight from their rows: one index per entry
+                out = rows.gather([it[0] for it in items])
+                for i, _, t in items:
+                    rows.release(i, t.payload)
+                out.set("next", stack_results([it[1] for it in items], False))
+                out.set("env_index", idx)
+                return out
+            if rows is not None:
+                for i, _, t in items:
+                    rows.release(i, t.payload)
             if sents[0].get("next", None) is None:
                 # the inputs and their "next" stacked apart, then joined once: no
                 # per-result write into each input (thousands per call at a big pool)

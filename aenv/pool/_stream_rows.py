@@ -1,0 +1,140 @@
+"""Input rows for streamed steps: a sent batch is copied into preallocated buffers, and each
+env reads its own row, a TensorDict made once per env and used for every step it is sent.
+
+Splitting a sent batch into per-env TensorDicts made a TensorDict, its dict and one tensor
+view per entry for every env and step, and each lived as long as the step (seconds, for a
+slow env): the cyclic garbage collector promoted all of them, and its full collections,
+which walk every env of the pool, came that much more often. Here a send costs one indexed
+copy per entry, whatever the number of envs, and a step in flight holds no input of its own;
+the receiver gathers the inputs back with one index per entry. This is the streaming twin
+of the whole-batch rows (:mod:`aenv.pool._rows`), planned by the same planner.
+
+An env's row is reused only when its last streamed input has been received (before that,
+the receiver still reads it) and the env left it as it was (an env may write into its
+input, as it may into a bare env's); otherwise that env gets an input of its own, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from aenv.envs._common import EnvBase
+from aenv.envs._rowplan import INPUT_GROUPS, plan_rows
+
+__all__ = ["StreamRows"]
+
+# entries a sent tensordict may hold besides the planned ones: the pool's, not env inputs
+_POOL_KEYS = frozenset(("env_index",))
+
+
+class StreamRows:
+    """Preallocated input buffers of a dense pool's envs and each env's row in them.
+
+    Args:
+        env: one of the pool's envs (they share their specs).
+        n: the number of envs.
+        sub_batch: an env's batch size.
+    """
+
+    def __init__(self, env: EnvBase, n: int, sub_batch: torch.Size) -> None:
+        plan = plan_rows(env, INPUT_GROUPS, n)
+        self.bufs: dict[str, torch.Tensor] = {}
+        if plan is not None and all(type(v) is torch.Tensor for v in plan.values()):
+            self.bufs = dict(plan.items())  # type: ignore[arg-type]
+        self.keys = frozenset(self.bufs)
+        self.sub_batch = sub_batch
+        self.device = plan.device if plan is not None else None
+        # env i's row and the views it was made with (to tell whether the env changed it)
+        self._rows: list[TensorDictBase | None] = [None] * n
+        self._views: list[tuple[torch.Tensor, ...] | None] = [None] * n
+        # 1 while env i's row holds an input whose result has not been received yet
+        self.pending = bytearray(n)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the envs' inputs could be planned (flat tensor entries only)."""
+        return bool(self.bufs)
+
+    def stage(
+        self, td: TensorDictBase, indices: Sequence[int], single: bool
+    ) -> list[TensorDictBase | None] | None:
+        """Copy the sent ``td`` (one env's input when ``single``, else one per index along
+        dim 0) into the rows of ``indices``; return each env's input: its row, or None for
+        an env whose row is still pending (the caller gives it an input of its own). None,
+        with nothing written, when ``td`` does not hold exactly the planned entries, shapes
+        and dtypes (plus the pool's ``"env_index"``)."""
+        if type(td) is not TensorDict:
+            return None
+        entries = td._tensordict
+        bufs = self.bufs
+        if entries.keys() != bufs.keys() and entries.keys() - _POOL_KEYS != bufs.keys():
+            return None
+        lead = 0 if single else 1
+        for key, dst in bufs.items():
+            value = entries[key]
+            if (
+                type(value) is not torch.Tensor
+                or value.shape[lead:] != dst.shape[1:]
+                or value.dtype != dst.dtype
+                or value.device != dst.device
+            ):
+                return None
+        pending = self.pending
+        free = [pos for pos, i in enumerate(indices) if not pending[i]]
+        if not free:
+            return [None] * len(indices)
+        if single:
+            i = indices[0]
+            for key, dst in bufs.items():
+                dst[i].copy_(entries[key])
+        else:
+            rows = torch.tensor([indices[pos] for pos in free], dtype=torch.int64)
+            src = None if len(free) == len(indices) else torch.tensor(free, dtype=torch.int64)
+            for key, dst in bufs.items():
+                value = entries[key]
+                dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
+        out: list[TensorDictBase | None] = [None] * len(indices)
+        for pos in free:
+            out[pos] = self._row(indices[pos])
+        return out
+
+    def _row(self, i: int) -> TensorDictBase:
+        row = self._rows[i]
+        if row is not None and self.intact(i, row):
+            return row
+        views = tuple(buf[i] for buf in self.bufs.values())
+        row = TensorDict._new_unsafe(
+            dict(zip(self.bufs, views)), batch_size=self.sub_batch, device=self.device, nested=False
+        )
+        self._rows[i], self._views[i] = row, views
+        return row
+
+    def intact(self, i: int, payload: Any) -> bool:
+        """Whether ``payload`` (env ``i``'s input) is its row, as it was made (the env
+        neither added nor replaced an entry: the buffers hold what it read)."""
+        row, views = self._rows[i], self._views[i]
+        if payload is None or payload is not row or views is None:
+            return False
+        entries = row._tensordict  # type: ignore[attr-defined]
+        return len(entries) == len(views) and all(
+            entries.get(k) is v for k, v in zip(self.bufs, views)
+        )
+
+    def release(self, i: int, payload: Any) -> None:
+        """Env ``i``'s result for the input ``payload`` was received: its row is free."""
+        if payload is not None and payload is self._rows[i]:
+            self.pending[i] = 0
+
+    def gather(self, indices: Sequence[int]) -> TensorDictBase:
+        """The rows of ``indices`` stacked (a copy: one index per entry)."""
+        idx = torch.tensor(indices, dtype=torch.int64)
+        return TensorDict._new_unsafe(
+            {k: buf.index_select(0, idx) for k, buf in self.bufs.items()},
+            batch_size=(len(indices), *self.sub_batch),
+            device=self.device,
+            nested=False,
+        )
