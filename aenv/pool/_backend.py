@@ -9,11 +9,13 @@ The contract, in full. Required: :meth:`~Backend.start`, :meth:`~Backend.submit`
 :meth:`~Backend.replace`, :meth:`~Backend.aclose`; with defaults: :meth:`~Backend.cancel`,
 :meth:`~Backend.settle`, :meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process
 backends only). A backend
-that implements just these (the thread and Ray backends) gets every pool feature: whole-batch,
+that implements just these (the thread backend) gets every pool feature: whole-batch,
 streamed and per-env calls, fault policies, timeouts and cancellation all go through
 ``submit`` and the pool's tickets. The rest is optional speed: ``run_batch`` (one message per
 worker for a whole-batch call) and the stacked family (a whole batch's inputs and results in
-preallocated rows); failures on those paths go through the same restart as a ticket's.
+preallocated rows), and ``stream_rows`` (streamed steps read their inputs from rows of the
+pool's buffers, for backends whose envs read them in the pool's loop); failures on those
+paths go through the same fault policy as a ticket's, whatever the policy.
 
 ``start(env_fns) -> list[EnvMetaData]``
     Called once, synchronously, by the pool's constructor. Builds env ``i`` by calling
@@ -237,6 +239,10 @@ class Backend(abc.ABC):
     #: True when the envs live in other processes (nothing the pool's process does, such as
     #: drawing random actions, can change what they do).
     overlaps_steps: ClassVar[bool] = False
+    #: True when a streamed step's envs may be handed their rows of the pool's input
+    #: buffers (:mod:`aenv.pool._stream_rows`): the envs read them in the pool's loop,
+    #: before the next send can write them.
+    stream_rows: ClassVar[bool] = False
 
     @property
     def stacks_all(self) -> bool:

@@ -85,7 +85,7 @@ class StreamMixin(_Dispatcher):
     def _rows_for(self, op: str) -> StreamRows | None:
         """The input rows of streamed steps (:mod:`aenv.pool._stream_rows`), where the
         backend's envs live in this process and read them there, and the pool is dense."""
-        if op != "step" or self._lazy or not getattr(self._backend, "stream_rows", False):
+        if op != "step" or self._lazy or not self._backend.stream_rows:
             return None
         if "_stream_rows" not in self.__dict__:
             envs = self._backend.envs  # type: ignore[attr-defined]
