@@ -51,6 +51,7 @@ __all__ = [
     "terminated_or_truncated",
     "time_named",
     "unravel",
+    "with_next",
 ]
 
 
@@ -125,6 +126,23 @@ def put(td: TensorDictBase, key: str, value: torch.Tensor) -> None:
             td._tensordict[key] = value
             return
     td.set(key, value)
+
+
+def with_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
+    """``td.copy().set("next", nxt)``: a shallow copy of a step's input with its ``"next"``
+    (what "reset what is done" reads), built without a copy's checks when ``td`` is an
+    unlocked plain :class:`~tensordict.TensorDict` and ``nxt`` one of its batch size."""
+    if (
+        type(td) is TensorDict
+        and type(nxt) is TensorDict
+        and not td.is_locked
+        and nxt.batch_size == td.batch_size
+        and (td.device is None or nxt.device == td.device)
+    ):
+        entries = dict(td._tensordict)
+        entries["next"] = nxt
+        return TensorDict._new_unsafe(entries, td.batch_size, td.device, nested=False)  # type: ignore[arg-type]
+    return td.copy().set("next", nxt)
 
 
 def any_true(flag: torch.Tensor) -> bool:

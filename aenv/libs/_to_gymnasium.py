@@ -201,11 +201,10 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
         if not self._started:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         codec = self._codec
-        value = codec.action_from_np(action)
         rows = self._rows
         if self._on_rows:
             assert rows is not None
-            nxt = rows.step(value)
+            nxt = rows.step_value(action, codec.action_from_np)
             if nxt is None:
                 reward, terminated, truncated = rows.outputs()
                 views = self._obs_view
@@ -218,7 +217,7 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
         else:
             current = self._td
             assert current is not None
-            td = current.set(codec.action_key, value)
+            td = current.set(codec.action_key, codec.action_from_np(action))
             td = self._call("step", self.env.step, td)
             nxt = td.get("next")
         obs = codec.obs(nxt)

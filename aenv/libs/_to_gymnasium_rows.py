@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp import unravel
+from aenv._mdp import unravel, with_next
 from aenv.envs._common import EnvBase
 from aenv.envs._rowplan import STEP_GROUPS, plan_rows, writes_rows
-from aenv.pool._ops import drive, lean_inline, runs_inline
+from aenv.pool._ops import drive, runs_inline
+from aenv.specs._numpy import from_numpy_into_fn
 from aenv.sync import Runner
 
 __all__ = ["StepRows", "call_env"]
@@ -77,6 +78,16 @@ class StepRows:
         self.flags = [
             (term[i].reshape(-1), None if trunc is None else trunc[i].reshape(-1)) for i in (0, 1)
         ]
+        # (one flag each, the common case: read with one call per value)
+        self.one_flag = term[0].size == 1 and (trunc is None or trunc[0].size == 1)
+        # one reused action tensor per input row, written in place from gymnasium's value
+        # (no tensor made per step) where the spec has a writer for it
+        device = action_spec.device
+        self.action_into = (
+            from_numpy_into_fn(action_spec) if device is None or device.type == "cpu" else None
+        )
+        self.actions = [torch.zeros(self.action_shape, dtype=self.action_dtype) for _ in (0, 1)]
+        self.action_views = [a.numpy() for a in self.actions] if self.action_into else []
 
     @classmethod
     def make(cls, env: EnvBase, action_key: Any) -> StepRows | None:
@@ -126,14 +137,21 @@ class StepRows:
             row[key].copy_(entries[key])
         return True
 
+    def step_value(self, value: Any, convert: Callable[[Any], Any]) -> TensorDictBase | None:
+        """:meth:`step` with gymnasium's action ``value``, written into this row's reused
+        action tensor where it fits as it is, else converted by ``convert``."""
+        into, k = self.action_into, self.k
+        if into is not None and into(value, self.action_views[k]):
+            td = self.inputs[k]
+            td._tensordict[self.action_key] = self.actions[k]  # type: ignore[attr-defined]
+            return self._step_row(td)
+        return self.step(convert(value))
+
     def step(self, action: Any) -> TensorDictBase | None:
         """Step the env with ``action`` (a tensor, or a TensorDict for a composite action):
         None once its ``"next"`` row is written (read it from :attr:`last`), or the
         ``"next"`` TensorDict the env handed back instead (then the caller leaves the rows:
         the input it stepped from is :attr:`current`)."""
-        env = self.env
-        if env.is_closed:
-            env._check_open()
         td = self.inputs[self.k]
         if (
             type(action) is torch.Tensor
@@ -145,8 +163,17 @@ class StepRows:
             td._tensordict[self.action_key] = action  # type: ignore[attr-defined]
         else:
             td.set(self.action_key, action)
-            env._check_actions(td)
-        if not lean_inline(env, "step", td):
+            self.env._check_actions(td)
+        return self._step_row(td)
+
+    def _step_row(self, td: TensorDictBase) -> TensorDictBase | None:
+        """:meth:`step` once ``td``, this row's input, holds the action."""
+        env = self.env
+        if env._closed:
+            env._check_open()
+        if env.run_type_checks:
+            # (what lean_inline checks per step, less what make settled for the class and
+            # the mask an input row never holds, as a pool's staged rows check it)
             return self._stepped(td)
         out = drive(env._step_into(td, self.outs[self.k]))  # type: ignore[arg-type]
         if type(out) is bool:
@@ -165,7 +192,7 @@ class StepRows:
         if not (self.ended and runs_inline(env, "step_and_maybe_reset")):
             return None
         self.ended = False
-        stepped = self.inputs[1 - self.k].copy().set("next", self.last)
+        stepped = with_next(self.inputs[1 - self.k], self.last)
         out = drive(env._reset_into(stepped, self.resets[self.k]))  # type: ignore[arg-type]
         return True if out is True else out  # type: ignore[no-any-return]
 
@@ -176,12 +203,10 @@ class StepRows:
     def outputs(self) -> tuple[float, bool, bool]:
         """Reward, terminated and truncated of the last step, from its row."""
         term, trunc = self.flags[self.k]  # (the row the last step wrote is the input now)
+        if self.one_flag:
+            return self.reward.item(), term.item(), False if trunc is None else trunc.item()
         return (
-            float(self.reward[0]),
-            bool(term[0]) if term.shape[0] == 1 else bool(term.any()),
-            False
-            if trunc is None
-            else bool(trunc[0])
-            if trunc.shape[0] == 1
-            else bool(trunc.any()),
+            self.reward.item(),
+            term.item() if term.shape[0] == 1 else bool(term.any()),
+            False if trunc is None else trunc.item() if trunc.shape[0] == 1 else bool(trunc.any()),
         )

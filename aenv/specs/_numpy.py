@@ -8,6 +8,7 @@ Discrete values carry gymnasium's ``start`` offset (kept in the spec's ``_meta``
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,12 @@ from aenv.specs import (
 )
 from aenv.specs._discrete import one_hot_row
 
-__all__ = ["from_numpy_fn", "np_dtype", "to_numpy_fn"]
+__all__ = ["from_numpy_fn", "from_numpy_into_fn", "np_dtype", "to_numpy_fn"]
 
 Converter = Callable[[Any], Any]
+#: writes a gymnasium value into a preallocated array; False (nothing written) where the
+#: value is not one it takes as it is (the caller converts it with ``from_numpy_fn``)
+IntoConverter = Callable[[Any, np.ndarray], bool]
 
 
 def np_dtype(dtype: torch.dtype) -> np.dtype:
@@ -114,6 +118,64 @@ def _from_numpy(spec: TensorSpec) -> Converter:
     return lambda value: _tensor_from(value, dtype, shape)
 
 
+def from_numpy_into_fn(spec: TensorSpec) -> IntoConverter | None:
+    """``from_numpy_fn(spec)`` that writes into a reused array (a row's numpy view) in place
+    of making a tensor per value, for the values a step loop sends most: an integer into a
+    one-hot vector or a scalar categorical, an array of the exact shape and dtype into a
+    box. Anything else (a float for a discrete value, an index out of range, another shape)
+    returns False with nothing written, and takes ``from_numpy_fn``'s conversion and its
+    errors. None for the specs it has no writer for."""
+    if isinstance(spec, OneHot) and spec.ndim == 1:
+        start, n = _start(spec), spec.n
+        if isinstance(start, np.ndarray):
+            return None
+
+        def one_hot_into(value: Any, dst: np.ndarray) -> bool:
+            try:
+                i = operator.index(value) - start
+            except TypeError:
+                return False
+            if not 0 <= i < n:
+                return False
+            dst.fill(0)
+            dst[i] = 1
+            return True
+
+        return one_hot_into
+    if isinstance(spec, Categorical) and spec.ndim == 0:
+        start = _start(spec)
+        if (
+            isinstance(start, np.ndarray)
+            or spec.dtype.is_floating_point
+            or spec.dtype == torch.bool
+        ):
+            return None
+        info = np.iinfo(np_dtype(spec.dtype))
+        lo, hi = info.min + start, info.max + start
+
+        def categorical_into(value: Any, dst: np.ndarray) -> bool:
+            try:
+                i = operator.index(value)
+            except TypeError:
+                return False
+            if not lo <= i <= hi:
+                return False
+            dst[()] = i - start
+            return True
+
+        return categorical_into
+    if isinstance(spec, (Composite, NonTensor, OneHot, MultiOneHot, MultiCategorical, Binary)):
+        return None
+
+    def array_into(value: Any, dst: np.ndarray) -> bool:
+        if type(value) is not np.ndarray or value.dtype != dst.dtype or value.shape != dst.shape:
+            return False
+        np.copyto(dst, value)
+        return True
+
+    return array_into
+
+
 def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
     """A function turning a tensor of ``spec`` into the value gymnasium expects.
 
@@ -138,6 +200,10 @@ def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
     if isinstance(spec, OneHot):
         start = _start(spec)
         if spec.ndim == 1:
+            if spec.n <= 1024:
+                # (gymnasium's scalars, made once: a step looks its value up)
+                values = tuple(int_dtype.type(i + start) for i in range(spec.n))
+                return lambda t: values[t.tolist().index(1)]
             return lambda t: int_dtype.type(t.tolist().index(1) + start)
         return lambda t: (t.argmax(-1).cpu().numpy() + start).astype(int_dtype, copy=False)
     if isinstance(spec, MultiOneHot):

@@ -156,3 +156,81 @@ def test_reset_mid_episode_and_after_the_end_match_gymnasium():
         o1, _ = raw.reset()
         o2, i2 = twin.reset()
         assert np.array_equal(o1, o2) and i2 == {}
+
+
+def _writers(spec):
+    from aenv.specs._numpy import from_numpy_fn, from_numpy_into_fn
+
+    return from_numpy_fn(spec), from_numpy_into_fn(spec)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.Discrete(3, start=-1), gym.spaces.Discrete(5)],
+    ids=["discrete-start", "discrete"],
+)
+@pytest.mark.parametrize("categorical", [False, True], ids=["one-hot", "categorical"])
+def test_actions_written_in_place_equal_converted(space, categorical):
+    """The bridge writes an integer action into its reused action tensor; every value it
+    takes gives the tensor the converter would make, and every value it refuses (out of
+    range, not an integer) leaves the tensor as it was, for the converter to handle."""
+    from aenv.specs import from_gym_space
+
+    spec = from_gym_space(space, categorical_action_encoding=categorical)
+    convert, into = _writers(spec)
+    assert into is not None
+    dst = torch.full(spec.shape, 7, dtype=spec.dtype)
+    for value in range(space.start, space.start + space.n):
+        for v in (value, np.int64(value), np.int32(value)):
+            assert into(v, dst.numpy())
+            assert torch.equal(dst, convert(v))
+    before = dst.clone()
+    lo, hi = int(space.start) - 1, int(space.start + space.n)
+    for bad in (lo, hi, 1.0, np.float64(1.0), "1", [1]):
+        if categorical and isinstance(bad, int) and not isinstance(bad, bool):
+            continue  # (a categorical's domain is checked by the env, as the converter's is)
+        assert not into(bad, dst.numpy())
+        assert torch.equal(dst, before)
+
+
+def test_box_actions_written_in_place_only_as_they_are():
+    from aenv.specs import from_gym_space
+
+    spec = from_gym_space(gym.spaces.Box(-2.0, 2.0, (3,), dtype=np.float32))
+    convert, into = _writers(spec)
+    dst = torch.zeros(3)
+    a = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+    assert into(a, dst.numpy()) and torch.equal(dst, convert(a))
+    a[0] = 9.0  # (a copy: the caller's array is not aliased)
+    assert dst[0] == 0.5
+    for bad in (a.astype(np.float64), a[:2], a.reshape(3, 1), [0.5, 0.5, 0.5], 1.0):
+        assert not into(bad, dst.numpy())
+    assert dst.tolist() == [0.5, -1.0, 2.0]
+
+
+def test_out_of_range_action_through_the_bridge():
+    """A discrete action the in-place writer refuses takes the converter and its error;
+    the env steps on as gymnasium's after it."""
+    raw = gym.make("CartPole-v1")
+    twin = to_gymnasium(GymEnv("CartPole-v1"))
+    raw.reset(seed=4)
+    twin.reset(seed=4)
+    with pytest.raises((ValueError, RuntimeError, IndexError)):
+        twin.step(2)
+    with pytest.raises((ValueError, RuntimeError, IndexError)):
+        twin.step(-1)
+    for a in (1, np.int64(0), np.int8(1), 1.0):
+        s1, s2 = raw.step(int(a)), twin.step(a)
+        assert np.array_equal(s1[0], s2[0]) and s1[1:4] == s2[1:4]
+
+
+def test_pendulum_in_place_actions_match_gymnasium():
+    raw = gym.make("Pendulum-v1")
+    twin = to_gymnasium(GymEnv("Pendulum-v1"))
+    assert np.allclose(raw.reset(seed=3)[0], twin.reset(seed=3)[0])
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.uniform(-2, 2, size=(1,)).astype(np.float32)
+        s1, s2 = raw.step(a), twin.step(a)
+        a[0] = 100.0  # the caller reuses its array: the bridge kept no alias of it
+        assert np.array_equal(s1[0], s2[0]) and s1[1] == pytest.approx(s2[1])
