@@ -15,7 +15,7 @@ import torch
 from anyio.abc import TaskGroup
 from tensordict import NonTensorData, TensorDictBase
 
-from aenv._mdp import unravel
+from aenv._mdp import any_true, unravel
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
@@ -229,7 +229,7 @@ class EpisodeStream:
     def _flag(self, nxt: TensorDictBase, name: str) -> bool:
         for key in self._done_flags[name]:
             value = nxt.get(key, None)
-            if value is not None and bool(value.any()):
+            if value is not None and any_true(value):
                 return True
         return False
 
