@@ -16,7 +16,8 @@ the action space's random state taken from the sub-env); ``reset_mask`` partial 
 their errors; the number of actions (``ValueError`` / ``TypeError``); ``render``, ``call``,
 ``get_attr``, ``set_attr``; metadata not leaking into the sub-envs; spaces of one's own;
 float16 observations; ``ClosedEnvironmentError``; a sub-env's exception raised as itself;
-``VectorWrapper`` forwarding.
+``VectorWrapper`` forwarding. And the env checkers of gymnasium and Stable-Baselines3 on
+``to_gymnasium`` of single envs of spaces the other bridge tests do not check them on.
 
 Not re-expressed (the bridge does not claim them; README, "Gymnasium, both ways"):
 ``AsyncVectorEnv``'s own API (``reset_async`` / ``step_wait``, their timeouts and
@@ -30,14 +31,18 @@ the classic-control and toy-text envs (those needing no optional dependency).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.error import ClosedEnvironmentError
-from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.utils.env_checker import check_env, data_equivalence
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 from libs import _gymnasium_suite as suite
+
+from aenv.libs.gym import GymWrapper, to_gymnasium
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -143,6 +148,40 @@ def test_every_space_as_observation_and_action(space):
         assert out[0] in venv.observation_space
     suite.assert_same(suite.trace(ref, 0, actions), got)
     venv.close()
+
+
+@pytest.mark.parametrize("space", SPACES, ids=str)
+def test_gymnasium_env_checker_on_a_bridged_single_env(space):
+    """gymnasium's ``check_env`` on ``to_gymnasium`` of an env of each space (observation and
+    action): seeding, spaces, reset and step results in them."""
+    env = to_gymnasium(GymWrapper(suite.Sampler(space, space), categorical_action_encoding=True))
+    assert env.observation_space == space and env.action_space == space
+    check_env(env, skip_render_check=True)
+    env.close()
+
+
+# spaces SB3 takes that tests/libs/test_to_gymnasium_vector.py's SB3 check does not cover
+SB3_SPACES = [
+    (spaces.MultiBinary(6), spaces.Discrete(3)),
+    (spaces.Box(0, 255, (16, 16, 3), np.uint8), spaces.Discrete(4)),
+    (spaces.Discrete(7), spaces.MultiBinary(2)),
+    (
+        spaces.Dict(a=spaces.Box(-1, 1, (2,)), b=spaces.MultiDiscrete([3, 2])),
+        spaces.Box(-1, 1, (2,), np.float32),
+    ),
+]
+
+
+@pytest.mark.parametrize("obs_space, act_space", SB3_SPACES, ids=str)
+def test_sb3_env_checker_on_a_bridged_single_env(obs_space, act_space):
+    sb3_checker = pytest.importorskip("stable_baselines3.common.env_checker")
+    env = to_gymnasium(
+        GymWrapper(suite.Sampler(obs_space, act_space), categorical_action_encoding=True)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its advice (normalise Box spaces) is no failure
+        sb3_checker.check_env(env, warn=True)
+    env.close()
 
 
 def test_spaces_of_ones_own():
