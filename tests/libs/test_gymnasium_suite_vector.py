@@ -42,6 +42,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 from libs import _gymnasium_suite as suite
 
+from aenv.exceptions import PoolError
 from aenv.libs.gym import GymWrapper, to_gymnasium
 
 pytestmark = pytest.mark.timeout(60)
@@ -376,8 +377,11 @@ def test_a_sub_env_error_is_raised_as_itself(how):
     vector envs (a bad seed in reset, a bad action in step)."""
     venv = suite.build([suite.Faulty] * 3, how)
     venv.reset(seed=[0, 0, 0])
-    with pytest.raises(ValueError, match="reset refused seed 1"):
+    with pytest.raises(ValueError, match="reset refused seed 1") as err:
         venv.reset(seed=[1, 0, 0])
+    # the pool's own account (every failing env, the others' results) stays reachable
+    assert isinstance(err.value.__context__, PoolError)
+    assert list(err.value.__context__.errors) == [0]
     venv.reset(seed=[0, 2, 3])
     with pytest.raises(ValueError, match="step refused action 1"):
         venv.step(np.array([0, 1, 2]))
