@@ -31,7 +31,13 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
-from aenv.exceptions import BatchSizeError, PoolError, SpaceMismatchError
+from aenv.exceptions import (
+    AenvError,
+    BatchSizeError,
+    EnvStepError,
+    PoolError,
+    SpaceMismatchError,
+)
 from aenv.libs._gym_batch import (
     _is_array_space,
     at,
@@ -185,7 +191,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
         mask = reset_mask(options.pop("reset_mask", None), n)
         if self._td is None:
             mask = None  # nothing to keep yet: every sub-env starts
-        td = self.runner.run(self._areset, seed, seeds, mask, options or None)
+        td = self._run_envs(self._areset, seed, seeds, mask, options or None)
         self._td = td
         if mask is None:
             self._autoreset[:] = False
@@ -270,7 +276,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
                 space = self.single_action_space
                 actions = put(space, actions, int(i), at(space, self._neutral, int(i)))
         td.set(codec.action_key, codec.action_from_np(actions))
-        nxt, next_input = self.runner.run(self._astep, td, pending)
+        nxt, next_input = self._run_envs(self._astep, td, pending)
         reward = _flags(nxt, "reward", n, np.float64)
         done = _flags(nxt, "done", n)
         assert reward is not None and done is not None  # (every env's step gives them)
@@ -364,6 +370,26 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             else:
                 infos = self._add_info(infos, step_infos[i], i)
         return infos
+
+    def _run_envs(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the runner; a sub-env's own error comes out as it was raised.
+
+        gymnasium's vector envs re-raise a sub-env's exception itself (a ``ValueError`` stays
+        a ``ValueError``), so code written for them catches it by its type. Of a pool's
+        failing sub-envs, the first one's exception is raised, the ``PoolError`` (every env's
+        error, the others' results) its ``__context__``; a failure with no sub-env exception
+        behind it (a worker lost, a timeout) or an aenv error stays a ``PoolError``.
+        """
+        try:
+            return self.runner.run(fn, *args)
+        except PoolError as exc:
+            first = exc.errors[min(exc.errors)] if exc.errors else None
+            # the exception the sub-env raised: the one an EnvStepError wraps
+            original = first.__cause__ if isinstance(first, EnvStepError) else None
+            if not isinstance(original, Exception) or isinstance(original, AenvError):
+                raise
+            original.add_note(f"(sub-env error, raised from the bridge's pool: {exc})")
+            raise original  # noqa: B904 - the PoolError becomes its __context__
 
     # ------------------------------------------------------------------ sub-env access
     def _pool_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
