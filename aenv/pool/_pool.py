@@ -319,7 +319,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 return self._previous_as_next(tensordict.exclude("_step", "next"))
         partial = len(indices) < self.num_envs
         if not self._lazy and (mask is None or not self._sub_batch):
-            out = await self._run_stacked("step", tensordict, indices if partial else None)
+            out = await self._run_batch("step", tensordict, indices if partial else None)
             if isinstance(out, Stacked):
                 return self._sat_out(out.next, tensordict, sel, partial)
             if out is not None:
@@ -362,7 +362,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         self._check_batch(tensordict)
         self._check_actions(tensordict)
         op = "step_and_maybe_reset"
-        out = None if self._lazy else await self._run_stacked(op, tensordict)
+        out = None if self._lazy else await self._run_batch(op, tensordict)
         if isinstance(out, Stacked):
             return tensordict, self._stacked_next_input(tensordict, out)
         if out is None:
@@ -400,7 +400,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                     return await super().step_and_maybe_reset(tensordict)
         self._check_actions(tensordict)
         op = "step_and_maybe_reset"
-        out = await self._run_stacked(op, tensordict, indices if partial else None)
+        out = await self._run_batch(op, tensordict, indices if partial else None)
         if out is None:  # (nothing started)
             return await super().step_and_maybe_reset(tensordict)
         if isinstance(out, Stacked):
