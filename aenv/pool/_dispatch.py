@@ -465,19 +465,6 @@ class _Dispatcher:
             if tickets[i] is _FAST:
                 tickets[i] = None
 
-    def _pool_failures(
-        self, op: str, outcomes: list[Any], indices: Sequence[int] | None = None
-    ) -> list[Any]:
-        """Backend failures of a whole-batch call (env ``indices[pos]``, default ``pos``, at
-        position ``pos``) as the pool's errors, remembered in :attr:`last_errors`."""
-        for pos, o in enumerate(outcomes):
-            if isinstance(o, Failure):
-                i = pos if indices is None else indices[pos]
-                err = self._to_error(i, op, o)
-                self.last_errors[i] = err
-                outcomes[pos] = Failure(err, o.traceback)
-        return outcomes
-
     async def _batch_faults(
         self, op: str, outcomes: list[Any], indices: Sequence[int]
     ) -> list[Any]:
@@ -486,7 +473,10 @@ class _Dispatcher:
         ticket's: failures become the pool's errors; under ``"restart"`` and ``"observe"``
         failed steps restart their envs (truncated steps), and under ``"observe"`` every
         step carries its error entries."""
-        outcomes = self._pool_failures(op, outcomes, indices)
+        for pos, o in enumerate(outcomes):
+            if isinstance(o, Failure):
+                err = self.last_errors[indices[pos]] = self._to_error(indices[pos], op, o)
+                outcomes[pos] = Failure(err, o.traceback)
         failed = await self._restart_failed(op, outcomes, indices)
         if self.on_error == "observe" and op in _RESTARTABLE:
             for pos, o in enumerate(outcomes):
