@@ -95,9 +95,9 @@ to it as to tickets, on every backend. Two flags: ``overlaps_steps`` and ``strea
     the env was given up and rebuilt, :class:`~aenv.exceptions.WorkerCrashedError`); a
     cancelled ``wait()`` stops the call's work. ``abandon()`` gives up a call nobody
     will wait for. With ``overlaps_steps``, a caller may overlap consecutive steps: inputs
-    go to one of two banks of rows (``bank``), and ``after=call`` chains the new call to ``call``:
-    the backend sends it the moment ``call`` came back whole (before its caller resumes),
-    else never (``sent`` says which, once ``call`` was waited for).
+    go to one of two banks of rows (``bank``), and ``after=call`` chains the new call to
+    ``call``: the backend sends it the moment ``call`` came back whole (before its caller
+    resumes), else never (``sent`` says which, once ``call`` was waited for).
 
 ``overlaps_steps``
     True when ``launch`` chains (``after=``): the envs live in other processes, so nothing
