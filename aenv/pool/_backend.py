@@ -5,17 +5,17 @@ imports a concrete backend: it looks one up by name in :data:`BACKENDS` (``"modu
 strings, imported on first use), so a backend with an optional dependency costs nothing
 until it is asked for, and a new one plugs in by adding one line here.
 
-The contract, in full. Required: :meth:`~Backend.start`, :meth:`~Backend.submit`,
-:meth:`~Backend.replace`, :meth:`~Backend.aclose`; with defaults: :meth:`~Backend.cancel`,
-:meth:`~Backend.settle`, :meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process
-backends only). A backend
-that implements just these (the thread backend) gets every pool feature: whole-batch,
-streamed and per-env calls, fault policies, timeouts and cancellation all go through
-``submit`` and the pool's tickets. The rest is optional speed: ``run_batch`` (one message per
-worker for a whole-batch call) and the stacked family (a whole batch's inputs and results in
-preallocated rows), and ``stream_rows`` (streamed steps read their inputs from rows of the
-pool's buffers, for backends whose envs read them in the pool's loop); failures on those
-paths go through the same fault policy as a ticket's, whatever the policy.
+The contract, in full: eight methods and one whole-batch operation. Required:
+:meth:`~Backend.start`, :meth:`~Backend.submit`, :meth:`~Backend.replace`,
+:meth:`~Backend.aclose`; with defaults: :meth:`~Backend.cancel`, :meth:`~Backend.settle`,
+:meth:`~Backend.abort`, :meth:`~Backend.getattr_sync` (in-process backends only) and
+:meth:`~Backend.launch` (the whole-batch operation; by default it takes nothing). A backend
+that implements just the required ones (the thread backend) gets every pool feature:
+whole-batch, streamed and per-env calls, fault policies, timeouts and cancellation all go
+through ``submit`` and the pool's tickets. ``launch`` runs a whole batch as one operation
+(its results in preallocated rows where they fit); the pool applies ``on_error``,
+``step_timeout``, ``max_concurrency`` (in waves of at most that many envs) and cancellation
+to it as to tickets, on every backend. Two flags: ``overlaps_steps`` and ``stream_rows``.
 
 ``start(env_fns) -> list[EnvMetaData]``
     Called once, synchronously, by the pool's constructor. Builds env ``i`` by calling
@@ -79,32 +79,33 @@ paths go through the same fault policy as a ticket's, whatever the policy.
     Closes every env and leaves no task, thread or process behind (waiting at most
     ``grace`` seconds for work that ignores cancellation).
 
-``async run_batch(op, indices, payloads, step_timeout)`` (optional)
-    A fast path for whole-batch calls by backends that can do better than one
-    ``submit`` per env (the process backend: one command and one reply per worker).
-    Returns one outcome per index, in order. Backends without one leave
-    ``has_run_batch = False``.
+``launch(op, inputs, step_timeout, indices=None, *, bank=0, after=None) -> BatchCall | None``
+    Non-blocking; the one whole-batch operation: ``op`` on every env, or on the envs
+    ``indices`` (in that order), started at once and awaited with :meth:`BatchCall.wait`.
+    ``inputs`` is the pool's stacked input (a ``"step"`` or ``"step_and_maybe_reset"``:
+    the backend copies it into its input rows, each env steps from its row into its output
+    rows and, when asked, resets into its reset rows if the step ended its episode) or a
+    list of per-env payloads, one per env, as :meth:`submit` takes them (any op: what
+    cannot be planned into rows travels this way, pickled across processes). Returns None,
+    having started nothing, when it cannot take the call (the pool then uses tickets).
+    ``wait()`` gives a :class:`Stacked` result (full-size: the rows of envs not stepped
+    hold whatever they held, their reset flags False) when every env's result is in the
+    rows, else one outcome per stepped env (a result, or a :class:`Failure`: an env's
+    exception, :class:`~aenv.exceptions.StepTimeoutError` once ``step_timeout`` passed and
+    the env was given up and rebuilt, :class:`~aenv.exceptions.WorkerCrashedError`); a
+    cancelled ``wait()`` stops the call's work. ``abandon()`` gives up a call nobody
+    will wait for. With ``overlaps_steps``, a caller may overlap consecutive steps: inputs
+    go to one of two banks of rows (``bank``), and ``after=call`` chains the new call to
+    ``call``: the backend sends it the moment ``call`` came back whole (before its caller
+    resumes), else never (``sent`` says which, once ``call`` was waited for).
 
-``async run_stacked(op, tensordict, step_timeout, indices=None)`` (optional, ``has_run_stacked``)
-    A faster path still for a whole-batch ``"step"`` or ``"step_and_maybe_reset"`` on
-    every env, or on the envs ``indices`` only (a step with a ``"_step"`` mask): the inputs
-    are the pool's stacked ``tensordict`` (no per-env split) and the results come back
-    stacked (:class:`Stacked`, full-size: the rows of envs not in ``indices`` hold
-    whatever they held, and their reset flags are False). Returns None, having started
-    nothing, when it cannot take this call (the pool then splits the batch); a list of
-    per-env outcomes (as :meth:`run_batch`'s, one per index) when some env failed or its
-    result did not come back stacked. It is made of five steps a caller may interleave to
-    overlap consecutive steps: ``stage_stacked(tensordict, bank) -> bool`` writes the
-    inputs into one of two banks (False: nothing written, split the batch),
-    ``launch_stacked(op, bank, step_timeout, indices=None)`` starts the work on that
-    bank's inputs (a call handle, or None: nothing started), ``async wait_stacked(call)`` waits for it (None when the results are all in
-    the bank, else per-env outcomes), ``read_stacked(call)`` reads them (before the bank is
-    launched again), ``abandon_stacked(call)`` gives up a call nobody will wait for.
-    ``chain_stacked(after, op, bank, step_timeout)`` is ``launch_stacked`` done by the
-    backend itself the moment the call ``after`` has come back whole (``call.sent`` then
-    says whether it was), so the next step does not wait for the caller to resume.
-    ``overlaps_steps`` says the envs live in other processes (nothing the pool's process
-    does can change what they do) and ``stacks_all`` that this pool's envs can be staged.
+``overlaps_steps``
+    True when ``launch`` chains (``after=``): the envs live in other processes, so nothing
+    the pool's process does in between (drawing random actions) changes what they do.
+
+``stream_rows``
+    True when a streamed step's envs may be handed their rows of the pool's input buffers
+    (:mod:`aenv.pool._stream_rows`): the envs read them in the pool's loop.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ __all__ = [
     "BACKENDS",
     "RESERVED_BACKENDS",
     "Backend",
+    "BatchCall",
     "Deliver",
+    "Done",
     "Failure",
     "Stacked",
     "backend_class",
@@ -193,6 +196,44 @@ class Stacked:
         self.reset = reset
         self.reset_mask = reset_mask
 
+    def outcomes(self, op: str, indices: Sequence[int]) -> list[Any]:
+        """The rows of envs ``indices`` as per-env outcomes (a ``"step"``'s ``next``, a
+        ``"step_and_maybe_reset"``'s ``(next, reset | None)``)."""
+        nxt = self.next
+        if op != "step_and_maybe_reset":
+            return [nxt[i] for i in indices]
+        reset, flags = self.reset, self.reset_mask
+        if reset is None or flags is None:
+            return [(nxt[i], None) for i in indices]
+        marked = flags.tolist()
+        return [(nxt[i], reset[i] if marked[i] else None) for i in indices]
+
+
+class BatchCall:
+    """A whole-batch operation in flight (:meth:`Backend.launch`; see the module docstring)."""
+
+    #: False for a chained call that was not sent (the call before did not come back whole)
+    sent: bool = True
+
+    async def wait(self) -> Stacked | list[Any]:
+        """Wait for every env's result: stacked, or one outcome per stepped env."""
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """Give up a call nobody will wait for (its envs' work stopped where it can be)."""
+
+
+class Done(BatchCall):
+    """A call whose work ran inline in :meth:`Backend.launch`: ``wait()`` gives its result."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Stacked | list[Any]) -> None:
+        self.result = result
+
+    async def wait(self) -> Stacked | list[Any]:
+        return self.result
+
 
 def normalize_backend_name(name: str) -> str:
     """The canonical name of a backend (``"threading"`` -> ``"thread"``)."""
@@ -232,21 +273,13 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    #: True when :meth:`run_batch` is implemented.
-    has_run_batch: ClassVar[bool] = False
-    #: True when :meth:`run_stacked` is implemented.
-    has_run_stacked: ClassVar[bool] = False
-    #: True when the envs live in other processes (nothing the pool's process does, such as
-    #: drawing random actions, can change what they do).
-    overlaps_steps: ClassVar[bool] = False
     #: True when a streamed step's envs may be handed their rows of the pool's input
-    #: buffers (:mod:`aenv.pool._stream_rows`): the envs read them in the pool's loop,
-    #: before the next send can write them.
+    #: buffers (:mod:`aenv.pool._stream_rows`).
     stream_rows: ClassVar[bool] = False
 
     @property
-    def stacks_all(self) -> bool:
-        """Whether :meth:`stage_stacked` can take a whole batch of this pool's envs."""
+    def overlaps_steps(self) -> bool:
+        """Whether :meth:`launch` chains calls (``after=``); see the module docstring."""
         return False
 
     def __init__(self, deliver: Deliver, **options: Any) -> None:
@@ -288,62 +321,16 @@ class Backend(abc.ABC):
     async def aclose(self, grace: float = 5.0) -> None:
         """Close every env; leave no task, thread or process behind."""
 
-    async def run_batch(
-        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
-    ) -> list[Any]:
-        """Optional whole-batch fast path; see the module docstring."""
-        raise NotImplementedError
-
-    async def run_stacked(
+    def launch(
         self,
         op: str,
-        tensordict: TensorDictBase,
+        inputs: TensorDictBase | Sequence[Any],
         step_timeout: float | None,
         indices: Sequence[int] | None = None,
-    ) -> Stacked | list[Any] | None:
-        """A stacked whole-batch ``op`` on every env or on ``indices`` (see the module
-        docstring): stage the inputs in bank 0, launch, wait, read."""
-        if not self.has_run_stacked or not self.stage_stacked(tensordict, 0):
-            return None
-        call = self.launch_stacked(op, 0, step_timeout, indices)
-        if call is None:
-            return None
-        outcomes = await self.wait_stacked(call)
-        if outcomes is not None:
-            return outcomes if indices is None else [outcomes[i] for i in indices]
-        try:
-            return self.read_stacked(call)
-        except Exception as exc:
-            return [Failure(exc)] * (len(self.env_fns) if indices is None else len(indices))
-
-    def stage_stacked(self, tensordict: TensorDictBase, bank: int = 0) -> bool:
-        """Write a whole batch's stacked inputs into ``bank``; see the module docstring."""
-        return False
-
-    def launch_stacked(
-        self,
-        op: str,
-        bank: int,
-        step_timeout: float | None,
-        indices: Sequence[int] | None = None,
-    ) -> Any:
-        """Start ``op`` on every env (or on ``indices``) from ``bank``'s inputs; see the
-        module docstring."""
+        *,
+        bank: int = 0,
+        after: BatchCall | None = None,
+    ) -> BatchCall | None:
+        """Start ``op`` on a whole batch (every env, or ``indices``); None: not taken,
+        nothing started. See the module docstring."""
         return None
-
-    def chain_stacked(self, after: Any, op: str, bank: int, step_timeout: float | None) -> Any:
-        """``launch_stacked`` once the call ``after`` came back whole; see the module
-        docstring."""
-        raise NotImplementedError
-
-    async def wait_stacked(self, call: Any) -> list[Any] | None:
-        """Wait for a launched call; see the module docstring."""
-        raise NotImplementedError
-
-    def read_stacked(self, call: Any) -> Stacked:
-        """The stacked results of a call that came back whole; see the module docstring."""
-        raise NotImplementedError
-
-    def abandon_stacked(self, call: Any) -> None:
-        """Give up a launched call; see the module docstring."""
-        raise NotImplementedError

@@ -33,7 +33,7 @@ from tensordict import TensorDictBase, is_leaf_nontensor
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
-from aenv.pool._backend import Backend, Failure, Stacked
+from aenv.pool._backend import Backend, BatchCall, Done, Failure
 from aenv.pool._build import paused_gc, share_specs
 from aenv.pool._ops import drive, execute, lean_inline, runs_inline
 from aenv.pool._rows import Rows
@@ -46,7 +46,6 @@ class CoroutineBackend(Backend):
     """Runs sub-envs in the pool's own event loop (see the module docstring)."""
 
     name = "coroutine"
-    has_run_stacked = True
     #: streamed steps may hand each env its row of the pool's input buffers
     #: (:mod:`aenv.pool._stream_rows`): the envs read it here, in the pool's loop
     stream_rows = True
@@ -190,18 +189,24 @@ class CoroutineBackend(Backend):
         return getattr(self.envs[env_index], name)
 
     # ------------------------------------------------------------------ whole batch
-    async def run_stacked(
+    def launch(
         self,
         op: str,
-        tensordict: TensorDictBase,
+        inputs: TensorDictBase | Sequence[Any],
         step_timeout: float | None,
         indices: Sequence[int] | None = None,
-    ) -> Stacked | list[Any] | None:
-        """A whole-batch step of every env (or of the envs ``indices``), each writing into
-        its rows (:mod:`aenv.pool._rows`): taken when every env's step runs inline (sync,
-        non-blocking, EnvBase's step); None, with nothing started, otherwise."""
-        if op != "step" and op != "step_and_maybe_reset":
+        *,
+        bank: int = 0,
+        after: BatchCall | None = None,
+    ) -> BatchCall | None:
+        """A whole-batch step of every env (or of the envs ``indices``), run here, each env
+        writing into its rows (:mod:`aenv.pool._rows`): taken when every env's step runs
+        inline (sync, non-blocking, EnvBase's step); None, with nothing started, otherwise."""
+        if (op != "step" and op != "step_and_maybe_reset") or not isinstance(
+            inputs, TensorDictBase
+        ):
             return None
+        tensordict = inputs
         rows = self._rows
         if rows is None:
             rows = self._rows = Rows(self.envs)
@@ -209,7 +214,7 @@ class CoroutineBackend(Backend):
             return None
         staged = rows.stage(tensordict)
         if staged is not None:
-            inputs = staged if indices is None else [staged[i] for i in indices]
+            rows_in = staged if indices is None else [staged[i] for i in indices]
         else:
             keys = [
                 k
@@ -221,16 +226,16 @@ class CoroutineBackend(Backend):
             if not all(type(k) is str for k in keys):
                 return None
             # each env's whole input row, as a bare env gets it
-            inputs = split_inputs(
+            rows_in = split_inputs(
                 tensordict,
                 range(len(self.envs)) if indices is None else indices,
                 keys,
                 tensordict.batch_size[1:],
             )
-        if not rows.takes(self.envs, op, inputs, staged is not None, indices):
+        if not rows.takes(self.envs, op, rows_in, staged is not None, indices):
             return None
         try:
-            return rows.run(self.envs, op, inputs, indices)
+            return Done(rows.run(self.envs, op, rows_in, indices))
         finally:
             if staged is not None:
                 rows.restore_inputs()

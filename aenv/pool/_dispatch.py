@@ -20,6 +20,7 @@ import anyio
 
 from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
+from aenv.pool._stacking import split_inputs
 
 __all__ = [
     "ERROR_KEYS",
@@ -389,45 +390,74 @@ class _Dispatcher:
         """Run ``op`` on each env of ``indices``; one outcome (result or Failure) per env."""
         # a closed pool's backend would never answer (set_seed after close hung)
         self._check_open()  # type: ignore[attr-defined]
+        out = await self._run_batch(op, payloads, indices)
+        if out is None:
+            return await self._run_generic(op, indices, payloads)
+        assert isinstance(out, list)  # (per-env payloads never come back stacked)
+        return out
+
+    async def _run_batch(
+        self, op: str, inputs: Any, indices: Sequence[int] | None = None
+    ) -> Stacked | list[Any] | None:
+        """``op`` on every env (or on ``indices``) through the backend's one whole-batch
+        operation (:meth:`~aenv.pool._backend.Backend.launch`), ``inputs`` the pool's
+        stacked input or per-env payloads (one per index), under the fault policy
+        (:meth:`_batch_faults`): a :class:`Stacked` result (a masked step's other rows
+        stale, their reset flags False), per-env outcomes (one per index), or None when
+        the backend did not take it (nothing started). Under ``max_concurrency`` the batch
+        goes in waves of at most that many envs (fewer while streamed envs work), each
+        wave one call."""
         if self._orphans:
             await self._wait_orphans()
-        self._check_free(indices)
-        backend = self._backend
-        if backend.has_run_batch and self.max_concurrency is None:
-            tickets = self._tickets
-            for i in indices:
+        envs = range(self.num_envs) if indices is None else indices
+        self._check_free(envs)
+        cap = len(envs) if self.max_concurrency is None else self.max_concurrency - self._running
+        if cap < 1:
+            return None
+        tickets, backend = self._tickets, self._backend
+        stacked = not isinstance(inputs, list | tuple)
+        results: list[Any] = []
+        for start in range(0, len(envs), cap):
+            wave = envs[start : start + cap]
+            whole = len(wave) == len(envs)
+            part = inputs if stacked else inputs[start : start + cap]
+            for i in wave:
                 tickets[i] = _FAST
+            self._running += len(wave)
             try:
-                outcomes = await backend.run_batch(op, indices, payloads, self.step_timeout)
+                call = backend.launch(op, part, self.step_timeout, indices if whole else wave)
+                out = None if call is None else await call.wait()
             finally:
-                for i in indices:
+                self._running -= len(wave)
+                for i in wave:
                     if tickets[i] is _FAST:
                         tickets[i] = None
-            return await self._batch_faults(op, outcomes, indices)
-        return await self._run_generic(op, indices, payloads)
+            if out is None:  # (not taken: what is left goes per env)
+                if not start:
+                    return None
+                rest = envs[start:]
+                if stacked:
+                    keys = self._step_keys(inputs)  # type: ignore[attr-defined]
+                    part = split_inputs(inputs, rest, keys, self._sub_batch)  # type: ignore[attr-defined]
+                else:
+                    part = inputs[start:]
+                return results + await self._run_generic(op, rest, part)
+            if isinstance(out, Stacked):
+                if whole:
+                    return self._stacked_went_well(out)
+                out = out.outcomes(op, wave)
+            results += await self._batch_faults(op, out, wave)
+        return results
 
-    def _stacked_ok(self) -> bool:
-        """Whether whole-batch steps may take the backend's stacked path: under
-        ``max_concurrency`` only where the stacked path steps one env at a time (envs in
-        this process, run inline: never more than one works). The fault policies apply as
-        on the ticketed path (:meth:`_batch_faults`)."""
-        backend = self._backend
-        return backend.has_run_stacked and (
-            self.max_concurrency is None or not backend.overlaps_steps
-        )
-
-    async def _hold_all(self, indices: Sequence[int] | None = None) -> Sequence[int]:
-        """Mark every env (or those of ``indices``) busy with a backend fast-path call
-        (see :meth:`_release_all`)."""
+    async def _hold_all(self) -> None:
+        """Mark every env busy with a whole-batch call (see :meth:`_release_all`)."""
         if self._orphans:
             await self._wait_orphans()
-        if indices is None:
-            indices = range(self.num_envs)
+        indices = range(self.num_envs)
         self._check_free(indices)
         tickets = self._tickets
         for i in indices:
             tickets[i] = _FAST
-        return indices
 
     def _release_all(self) -> None:
         tickets = self._tickets
@@ -435,53 +465,24 @@ class _Dispatcher:
             if tickets[i] is _FAST:
                 tickets[i] = None
 
-    def _pool_failures(
-        self, op: str, outcomes: list[Any], indices: Sequence[int] | None = None
-    ) -> list[Any]:
-        """Backend failures of a whole-batch call (env ``indices[pos]``, default ``pos``, at
-        position ``pos``) as the pool's errors, remembered in :attr:`last_errors`."""
-        for pos, o in enumerate(outcomes):
-            if isinstance(o, Failure):
-                i = pos if indices is None else indices[pos]
-                err = self._to_error(i, op, o)
-                self.last_errors[i] = err
-                outcomes[pos] = Failure(err, o.traceback)
-        return outcomes
-
     async def _batch_faults(
         self, op: str, outcomes: list[Any], indices: Sequence[int]
     ) -> list[Any]:
         """The fault policy on the per-env outcomes of a whole-batch call that ran outside
-        tickets (``run_batch``, the stacked path), as :meth:`_deliver` applies it to a
+        tickets (:meth:`_run_batch`), as :meth:`_deliver` applies it to a
         ticket's: failures become the pool's errors; under ``"restart"`` and ``"observe"``
         failed steps restart their envs (truncated steps), and under ``"observe"`` every
         step carries its error entries."""
-        outcomes = self._pool_failures(op, outcomes, indices)
+        for pos, o in enumerate(outcomes):
+            if isinstance(o, Failure):
+                err = self.last_errors[indices[pos]] = self._to_error(indices[pos], op, o)
+                outcomes[pos] = Failure(err, o.traceback)
         failed = await self._restart_failed(op, outcomes, indices)
         if self.on_error == "observe" and op in _RESTARTABLE:
             for pos, o in enumerate(outcomes):
                 if pos not in failed and not isinstance(o, Failure):
                     outcomes[pos] = self._observed(o)
         return outcomes
-
-    async def _run_stacked(
-        self, op: str, td: Any, indices: Sequence[int] | None = None
-    ) -> Stacked | list[Any] | None:
-        """``op`` with the stacked inputs ``td`` on every env, or on the envs ``indices``
-        (a masked step: the other rows of the result are stale, their reset flags False),
-        through the backend's stacked path: a :class:`Stacked` result, per-env outcomes
-        (as :meth:`_run_ops`'s, one per index) when some env failed, or None when the
-        backend cannot take it (nothing started)."""
-        if not self._stacked_ok():
-            return None
-        held = await self._hold_all(indices)
-        try:
-            out = await self._backend.run_stacked(op, td, self.step_timeout, indices)
-        finally:
-            self._release_all()
-        if isinstance(out, list):
-            return await self._batch_faults(op, out, held)
-        return out if out is None else self._stacked_went_well(out)
 
     def _stacked_went_well(self, out: Stacked) -> Stacked:
         """A stacked result (every env's step went well) under the fault policy: with

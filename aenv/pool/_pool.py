@@ -318,19 +318,16 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             if not indices:
                 return self._previous_as_next(tensordict.exclude("_step", "next"))
         partial = len(indices) < self.num_envs
+        out: Any = None
         if not self._lazy and (mask is None or not self._sub_batch):
-            out = await self._run_stacked("step", tensordict, indices if partial else None)
+            out = await self._run_batch("step", tensordict, indices if partial else None)
             if isinstance(out, Stacked):
                 return self._sat_out(out.next, tensordict, sel, partial)
-            if out is not None:
-                self._raise_failures("step", indices, out)
-                nxt = self._assemble(out, indices, "next")
-                return self._sat_out(nxt, tensordict, sel, partial)
-        inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
-        outcomes = await self._run_ops("step", indices, inputs)
-        self._raise_failures("step", indices, outcomes)
-        nxt = self._assemble(outcomes, indices, "next")
-        return self._sat_out(nxt, tensordict, sel, partial)
+        if out is None:
+            inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
+            out = await self._run_ops("step", indices, inputs)
+        self._raise_failures("step", indices, out)
+        return self._sat_out(self._assemble(out, indices, "next"), tensordict, sel, partial)
 
     def _selected(self, mask: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """The envs a ``"_step"`` mask selects: a flag per env, and their indices."""
@@ -354,93 +351,86 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         self, tensordict: TensorDictBase
     ) -> tuple[TensorDictBase, TensorDictBase]:
         """Step every env (those a ``"_step"`` mask selects) and reset those that are done,
-        in one operation per env."""
+        in one operation per env, as one whole-batch call where the backend takes it. With
+        a mask, the envs left out sit the step out with their current values; the result
+        is EnvBase's :meth:`step` then "reset what is done", which a masked call falls back
+        to (also when an env sitting the step out is done already: that one is reset too).
+        """
         mask = tensordict.get("_step", None)
+        sel, indices = None, self._all
+        if mask is None:
+            self._check_open()
+        elif self._lazy or self._sub_batch or self._closed:
+            return await super().step_and_maybe_reset(tensordict)
+        self._check_batch(tensordict)
         if mask is not None:
-            return await self._masked_step_and_maybe_reset(tensordict, mask)
-        self._check_open()
-        self._check_batch(tensordict)
+            sel, indices = self._selected(mask)
+            if not indices or (
+                len(indices) < self.num_envs and self._sitting_done(tensordict, sel)
+            ):
+                return await super().step_and_maybe_reset(tensordict)
+            sel = sel if len(indices) < self.num_envs else None
         self._check_actions(tensordict)
         op = "step_and_maybe_reset"
-        out = None if self._lazy else await self._run_stacked(op, tensordict)
-        if isinstance(out, Stacked):
-            return tensordict, self._stacked_next_input(tensordict, out)
-        if out is None:
-            inputs = split_inputs(
-                tensordict, self._all, self._step_keys(tensordict), self._sub_batch
-            )
-            out = await self._run_ops(op, self._all, inputs)
-        self._raise_failures(op, self._all, out)
-        return tensordict, self._outcomes_next_input(tensordict, out)
-
-    async def _masked_step_and_maybe_reset(
-        self, tensordict: TensorDictBase, mask: torch.Tensor
-    ) -> tuple[TensorDictBase, TensorDictBase]:
-        """:meth:`step_and_maybe_reset` with a ``"_step"`` mask, as one whole-batch call
-        where the backend takes it: the selected envs step (and reset when done, in the
-        same call), the others sit the step out with their current values. The result is
-        EnvBase's :meth:`step` then "reset what is done", which it falls back to (also when
-        an env sitting the step out is done already: that one is reset too)."""
-        n = self.num_envs
-        if self._lazy or self._sub_batch or self._closed:
-            return await super().step_and_maybe_reset(tensordict)
-        self._check_batch(tensordict)
-        sel, indices = self._selected(mask)
-        if not indices:
-            return await super().step_and_maybe_reset(tensordict)
-        partial = len(indices) < n
-        if partial:
-            sitting = ~sel
-            for prefix in self._done_groups:  # (what "reset what is done" reads)
-                sub = tensordict.get(prefix, None) if prefix else tensordict
-                done = None if sub is None else entry(sub, "done")
-                if isinstance(done, torch.Tensor) and bool(
-                    (done.reshape(n, -1).any(-1) & sitting).any()
-                ):
-                    return await super().step_and_maybe_reset(tensordict)
-        self._check_actions(tensordict)
-        op = "step_and_maybe_reset"
-        out = await self._run_stacked(op, tensordict, indices if partial else None)
-        if out is None:  # (nothing started)
-            return await super().step_and_maybe_reset(tensordict)
-        if isinstance(out, Stacked):
-            nxt = self._sat_out(out.next, tensordict, sel, partial)
-            tensordict.set("next", self._stacked_proc_data(nxt, tensordict))
-            next_input = self._step_mdp(tensordict)
-            if out.reset_mask is not None:
-                self._merge_resets(next_input, out.reset, out.reset_mask)  # type: ignore[arg-type]
-            return tensordict, next_input
-        self._raise_failures(op, indices, out)
-        pairs = [o if type(o) is tuple else (o, None) for o in out]
-        nxt = self._sat_out(
-            self._assemble([p[0] for p in pairs], indices, "next"), tensordict, sel, partial
+        out = (
+            None
+            if self._lazy
+            else await self._run_batch(op, tensordict, indices if sel is not None else None)
         )
+        if out is None:
+            if sel is not None:  # (nothing started)
+                return await super().step_and_maybe_reset(tensordict)
+            inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
+            out = await self._run_ops(op, indices, inputs)
+        if isinstance(out, Stacked):
+            return tensordict, self._stacked_next_input(tensordict, out, sel)
+        self._raise_failures(op, indices, out)
+        return tensordict, self._outcomes_next_input(tensordict, out, indices, sel)
+
+    def _sitting_done(self, tensordict: TensorDictBase, sel: torch.Tensor) -> bool:
+        """Whether an env a ``"_step"`` mask leaves out is done (what "reset what is done"
+        reads)."""
+        n, sitting = self.num_envs, ~sel
+        for prefix in self._done_groups:
+            sub = tensordict.get(prefix, None) if prefix else tensordict
+            done = None if sub is None else entry(sub, "done")
+            if isinstance(done, torch.Tensor) and bool(
+                (done.reshape(n, -1).any(-1) & sitting).any()
+            ):
+                return True
+        return False
+
+    def _outcomes_next_input(
+        self,
+        tensordict: TensorDictBase,
+        outcomes: list[Any],
+        indices: list[int] | None = None,
+        sel: torch.Tensor | None = None,
+    ) -> TensorDictBase:
+        """Record per-env ``(next, reset | None)`` outcomes of a whole-batch
+        ``step_and_maybe_reset`` (or ``next`` outcomes of a ``step``) of the envs
+        ``indices`` (default all; ``sel`` flags them when not all) in ``tensordict`` and
+        return the next step's input."""
+        indices = self._all if indices is None else indices
+        pairs = [o if type(o) is tuple else (o, None) for o in outcomes]
+        nxt = self._assemble([p[0] for p in pairs], indices, "next")
+        if sel is not None:
+            nxt = self._sat_out(nxt, tensordict, sel, True)
         tensordict.set("next", self._step_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
         resets = [(i, p[1]) for i, p in zip(indices, pairs) if p[1] is not None]
         if resets:
             next_input = self._write_resets(next_input, resets)
-        return tensordict, next_input
-
-    def _outcomes_next_input(
-        self, tensordict: TensorDictBase, outcomes: list[Any]
-    ) -> TensorDictBase:
-        """Record per-env ``(next, reset | None)`` outcomes of a whole-batch
-        ``step_and_maybe_reset`` (or ``next`` outcomes of a ``step``) in ``tensordict`` and
-        return the next step's input."""
-        outcomes = [o if type(o) is tuple else (o, None) for o in outcomes]
-        nxt = stack_results([o[0] for o in outcomes], self._lazy)
-        tensordict.set("next", self._step_proc_data(nxt, tensordict))
-        next_input = self._step_mdp(tensordict)
-        resets = [(i, o[1]) for i, o in enumerate(outcomes) if o[1] is not None]
-        if resets:
-            next_input = self._write_resets(next_input, resets)
         return next_input
 
-    def _stacked_next_input(self, tensordict: TensorDictBase, out: Stacked) -> TensorDictBase:
-        """Record a stacked step's results in ``tensordict`` (under ``"next"``) and return
-        the next step's input, done envs' rows taken from their resets."""
-        tensordict.set("next", self._stacked_proc_data(out.next, tensordict))
+    def _stacked_next_input(
+        self, tensordict: TensorDictBase, out: Stacked, sel: torch.Tensor | None = None
+    ) -> TensorDictBase:
+        """Record a stacked step's results in ``tensordict`` (under ``"next"``; ``sel``
+        flags the envs stepped when not all) and return the next step's input, done envs'
+        rows taken from their resets."""
+        nxt = out.next if sel is None else self._sat_out(out.next, tensordict, sel, True)
+        tensordict.set("next", self._stacked_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
         if out.reset_mask is not None:
             self._merge_resets(next_input, out.reset, out.reset_mask)  # type: ignore[arg-type]

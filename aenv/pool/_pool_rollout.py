@@ -5,8 +5,8 @@ each whole-batch step through :class:`PoolStepper`: the backend's stacked rows (
 :class:`~aenv.pool._backend.Stacked` result copied into the time rows, no per-step
 ``step_mdp`` or reset merge), else the pool's own ``step`` / ``step_and_maybe_reset``.
 
-On a backend whose envs live in other processes and take whole batches stacked
-(``overlaps_steps`` and ``stacks_all``), consecutive steps of a random-action rollout that
+On a backend whose whole-batch calls chain (``overlaps_steps``: the envs live in other
+processes and take whole batches stacked), consecutive steps of a random-action rollout that
 goes on through episode ends overlap: step ``t + 1``'s actions (drawn already, a chunk of
 steps at a time, as every rollout draws them) are staged in the other bank while step ``t``
 runs, and the backend sends step ``t + 1`` the moment step ``t`` came back whole, before this
@@ -44,10 +44,7 @@ class PoolStepper(BatchStepper):
         # (not under "observe": its error strings do not fit the time rows, so its steps
         # are kept as TensorDicts, one at a time)
         self.overlaps = bool(
-            backend.overlaps_steps
-            and backend.stacks_all
-            and pool.on_error != "observe"
-            and pool._stacked_ok()
+            backend.overlaps_steps and pool.on_error != "observe" and pool.max_concurrency is None
         )
         self.bank = 0
         self.call: Any = None  # the next step, sent ahead (chained to the one before)
@@ -68,7 +65,7 @@ class PoolStepper(BatchStepper):
         if self.overlaps:
             out = await self._overlapped(op, td, ahead, _SMR if ahead_reset else "step")
         else:
-            out = await pool._run_stacked(op, td)
+            out = await pool._run_batch(op, td)
         if isinstance(out, Stacked):
             if not reset:
                 return None, pool._step_proc_data(out.next, td), None, None
@@ -93,32 +90,30 @@ class PoolStepper(BatchStepper):
         timeout = pool.step_timeout
         call, self.call = self.call, None
         if call is None:
-            if not backend.stage_stacked(td, self.bank):
-                return None
             await pool._hold_all()
             self.held = True
-            call = backend.launch_stacked(op, self.bank, timeout)
+            call = backend.launch(op, td, timeout, bank=self.bank)
             if call is None:
                 self._release()
                 return None
         chained = None
         try:
-            if ahead is not None and backend.stage_stacked(ahead, 1 - self.bank):
-                chained = backend.chain_stacked(call, ahead_op, 1 - self.bank, timeout)
-            outcomes = await backend.wait_stacked(call)
+            if ahead is not None:
+                chained = backend.launch(ahead_op, ahead, timeout, bank=1 - self.bank, after=call)
+            out = await call.wait()
         except BaseException:
-            backend.abandon_stacked(call)
+            call.abandon()
             if chained is not None:
-                backend.abandon_stacked(chained)
+                chained.abandon()
             self._release()
             raise
         if chained is not None and chained.sent:  # (only when this step came back whole)
             self.call, self.bank = chained, 1 - self.bank
         else:
             self._release()
-        if outcomes is not None:  # some env failed, or answered pickled (nothing chained)
-            return await pool._batch_faults(op, outcomes, pool._all)
-        return pool._stacked_went_well(backend.read_stacked(call))
+        if isinstance(out, list):  # some env failed, or answered pickled (nothing chained)
+            return await pool._batch_faults(op, out, pool._all)
+        return pool._stacked_went_well(out)
 
     def _release(self) -> None:
         if self.held:
@@ -130,5 +125,5 @@ class PoolStepper(BatchStepper):
         an error, a cancel) and free the envs."""
         if self.call is not None:
             call, self.call = self.call, None
-            self.pool._backend.abandon_stacked(call)
+            call.abandon()
         self._release()

@@ -7,15 +7,14 @@ finishes, with no polling thread and no busy wait. Tensors travel through shared
 slots planned from the specs the workers sent (:mod:`aenv.pool._shm`); a message per step
 is a tiny tuple. Commands submitted in one loop turn go out as one frame per worker.
 
-Whole-batch calls take :meth:`ProcessBackend.run_batch`: one ``("batch", ...)`` command per
+Whole-batch calls take :meth:`ProcessBackend.launch`: one ``("batch", ...)`` command per
 worker (sent as soon as its envs' inputs are in their slots), one reply per worker once all
 its envs are done (as each finishes when a step timeout needs to know), results read back
-from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). A
-whole-batch step of every env takes :meth:`ProcessBackend.run_stacked` where the pool's
-envs are laid out as consecutive block rows (:class:`~aenv.pool._shm.StackedBlocks`): the
-stacked inputs go into the blocks and the stacked results come out of them with one copy
-per leaf, with no per-env TensorDict in the parent. The streamed calls keep the per-env
-path (:meth:`ProcessBackend.submit`).
+from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). Where the
+pool's envs are laid out as consecutive block rows (:class:`~aenv.pool._shm.StackedBlocks`),
+a whole-batch step takes the pool's stacked input into the blocks and gives the stacked
+results out of them with one copy per leaf, with no per-env TensorDict in the parent. The
+streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
 
 A stacked call's commands and replies skip the socket: each worker's share is rung on its
 doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and the worker
@@ -54,6 +53,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -65,7 +65,7 @@ from aenv.exceptions import (
     WorkerRestartError,
 )
 from aenv.pool import _codec as codec
-from aenv.pool._backend import Backend, Failure, Stacked
+from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_bell import Bell
 from aenv.pool._process_support import (
@@ -100,19 +100,21 @@ _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
 
 
-class _Batch:
-    """A whole-batch call in flight (:meth:`ProcessBackend.run_batch`; ``raw`` for
-    ``launch_stacked``: its outcomes are the workers' undecoded ``(env, code, data)``
-    entries, the results staying in the blocks until all are in, or failures)."""
+class _Batch(BatchCall):
+    """A whole-batch call in flight (:meth:`ProcessBackend.launch`). ``raw`` for a stacked
+    call: its outcomes are the workers' undecoded ``(env, code, data)`` entries at the
+    envs' own positions, the results staying in the bank's blocks until all are in."""
 
     __slots__ = (
         "after",
+        "backend",
         "bank",
         "future",
         "indices",
         "left",
         "op",
         "outcomes",
+        "picked",
         "raw",
         "sent",
         "stepping",
@@ -121,8 +123,14 @@ class _Batch:
     )
 
     def __init__(
-        self, op: str, indices: Sequence[int], future: asyncio.Future[None], raw: bool = False
+        self,
+        backend: ProcessBackend,
+        op: str,
+        indices: Sequence[int],
+        future: asyncio.Future[None],
+        raw: bool = False,
     ) -> None:
+        self.backend = backend
         self.op = op
         self.indices = indices
         self.outcomes: list[Any] = [None] * len(indices)
@@ -131,14 +139,20 @@ class _Batch:
         self.raw = raw
         self.timer: asyncio.TimerHandle | None = None
         self.bank = 0
-        #: stacked calls: whether the commands went out; the call this one is chained to
-        #: (sent when that one ends well), and the call chained to this one, as the
-        #: function that sends it
         self.sent = False
-        #: a masked stacked call: the envs it steps (None: every env)
+        #: a masked stacked call: the envs it steps, in the caller's order (None: every env)
+        self.picked: Sequence[int] | None = None
         self.stepping: frozenset[int] | None = None
+        #: the call this one is chained to (sent when that one ends well), and the call
+        #: chained to this one, as the function that sends it
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
+
+    async def wait(self) -> Stacked | list[Any]:
+        return await self.backend._finish(self)
+
+    def abandon(self) -> None:
+        self.backend._give_up(self)
 
     def in_blocks(self) -> bool:
         """Whether every env answered with its results in the blocks (a stacked call)."""
@@ -180,9 +194,6 @@ class ProcessBackend(ClosingMixin, Backend):
     """
 
     name = "process"
-    has_run_batch = True
-    has_run_stacked = True
-    overlaps_steps = True
 
     def __init__(
         self,
@@ -635,17 +646,55 @@ class ProcessBackend(ClosingMixin, Backend):
         return codec.dumps(payload)
 
     # ------------------------------------------------------------------ whole batch
-    async def run_batch(
-        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
-    ) -> list[Any]:
-        """One ``("batch", ...)`` command per worker; each worker runs its envs' ops (inline
-        when sync, as tasks when async) and answers once with all of them, tensors in its
-        slots. Failures, crashes, timeouts and cancellation are per env, as for
-        :meth:`submit`."""
+    @property
+    def overlaps_steps(self) -> bool:
+        return self._stacked is not None
+
+    def launch(
+        self,
+        op: str,
+        inputs: Any,
+        step_timeout: float | None,
+        indices: Sequence[int] | None = None,
+        *,
+        bank: int = 0,
+        after: BatchCall | None = None,
+    ) -> BatchCall | None:
+        """One ``("batch", ...)`` command per worker with envs to work (or its doorbell);
+        each worker runs its envs' ops (inline when sync, as tasks when async) and answers
+        once with all of them. A stacked input (the envs laid out as consecutive block
+        rows) is written into ``bank``'s blocks with one copy per leaf and the results come
+        out of them the same way, with no per-env TensorDict in the parent; per-env
+        payloads go into the envs' slots, or pickled. Failures, crashes, timeouts and
+        cancellation are per env, as for :meth:`submit`."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        batch = _Batch(op, indices, loop.create_future())
+        if not isinstance(inputs, TensorDictBase):
+            assert indices is not None
+            return self._send_payloads(op, indices, inputs, step_timeout)
+        stacked = self._stacked
+        if op not in _SLOT_OPS or stacked is None or self._fences or self._refusing():
+            return None
+        staged = stacked[bank]
+        if not staged.write_inputs(inputs):
+            return None
+        if after is not None:
+            assert isinstance(after, _Batch) and after.then is None
+            batch = self._stacked_call(op, bank)
+            batch.after = after
+            after.then = functools.partial(self._send_chained, after, batch, step_timeout)
+            return batch
+        if staged.partial:
+            return None  # (only the actions were staged: the rest is a chained call's)
+        batch = self._stacked_call(op, bank, indices)
+        self._send_stacked(batch, step_timeout)
+        return batch
+
+    def _send_payloads(
+        self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
+    ) -> _Batch:
+        batch = _Batch(self, op, indices, self._loop.create_future())  # type: ignore[union-attr]
         timed = step_timeout is not None and op in _TIMED_OPS
         seq = next(self._seq)
         current: _Worker | None = None
@@ -677,31 +726,55 @@ class ProcessBackend(ClosingMixin, Backend):
         except BaseException:
             self._abandon(batch)
             raise
-        await self._wait_batch(batch, step_timeout if timed else None)
-        return batch.outcomes
+        batch.sent = True
+        if timed and batch.left:
+            self._start_timer(batch, step_timeout)  # type: ignore[arg-type]
+        return batch
 
-    async def _wait_batch(self, batch: _Batch, step_timeout: float | None) -> None:
-        """Wait until every env of ``batch`` has its outcome (expiring the late ones after
-        ``step_timeout``, counted from now unless the batch's timer runs already); a
-        cancelled caller stops the batch's work."""
-        if batch.left and step_timeout is not None and batch.timer is None:
-            batch.timer = asyncio.get_running_loop().call_later(
-                step_timeout, self._expire_batch, batch, step_timeout
-            )
+    def _start_timer(self, batch: _Batch, step_timeout: float) -> None:
+        batch.timer = batch.future.get_loop().call_later(
+            step_timeout, self._expire_batch, batch, step_timeout
+        )
+
+    async def _finish(self, batch: _Batch) -> Stacked | list[Any]:
+        """Wait until every env of ``batch`` has its outcome; a cancelled caller stops the
+        batch's work. A stacked call's results are read from its bank's blocks when all
+        are there (before that bank is written again), else decoded per env."""
         try:
             if batch.left:
                 await batch.future
         except BaseException:
-            self._abandon(batch)
+            self._give_up(batch)
             raise
         finally:
             if batch.timer is not None:
                 batch.timer.cancel()
                 batch.timer = None
+        if not batch.raw:
+            return batch.outcomes
+        picked = batch.picked
+        if batch.in_blocks():
+            try:
+                return self._read(batch)
+            except Exception as exc:
+                return [Failure(exc)] * (len(batch.outcomes) if picked is None else len(picked))
+        op, bank = batch.op, batch.bank
+        outcomes = [
+            self._decode(i, op, o[1], o[2], bank) if type(o) is tuple else o
+            for i, o in enumerate(batch.outcomes)
+        ]
+        return outcomes if picked is None else [outcomes[i] for i in picked]
 
-    @property
-    def stacks_all(self) -> bool:
-        return self._stacked is not None
+    def _read(self, batch: _Batch) -> Stacked:
+        stacked = self._stacked[batch.bank]  # type: ignore[index]
+        nxt = stacked.read("next")
+        if batch.op == "step":
+            return Stacked(nxt)
+        flags = [bool(o[2]) for o in batch.outcomes]
+        if not any(flags):
+            return Stacked(nxt)
+        mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
+        return Stacked(nxt, stacked.read("reset"), mask)
 
     def _refusing(self) -> bool:
         """Whether some env would be refused an op (a broken worker, a lost env)."""
@@ -712,50 +785,6 @@ class ProcessBackend(ClosingMixin, Backend):
             if lost is not None:
                 return True
         return False
-
-    def stage_stacked(self, tensordict: Any, bank: int = 0) -> bool:
-        """Write the stacked inputs of a whole batch (every env) into ``bank``'s blocks, one
-        copy per leaf. False, with nothing written, when the blocks cannot take them or
-        some env would be refused (a broken worker, a lost env): the caller then splits the
-        batch. The workers must be done with the bank's inputs (no call in flight on it)."""
-        stacked = self._stacked
-        if stacked is None or self._fences or self._refusing():
-            return False
-        return stacked[bank].write_inputs(tensordict)
-
-    def launch_stacked(
-        self,
-        op: str,
-        bank: int,
-        step_timeout: float | None,
-        indices: Sequence[int] | None = None,
-    ) -> Any:
-        """Send a whole-batch ``op`` (``"step"`` or ``"step_and_maybe_reset"``) on every
-        env or on the envs ``indices``, its inputs staged in ``bank``
-        (:meth:`stage_stacked`): one ``("batch", ...)`` command per worker with envs to
-        step, as in :meth:`run_batch`. Returns the call for :meth:`wait_stacked`, or None
-        (nothing sent) when some env would be refused."""
-        if op not in _SLOT_OPS or self._stacked is None or self._refusing():
-            return None
-        if self._stacked[bank].partial:
-            return None  # (staged for a chained call: its observations are not there yet)
-        batch = self._stacked_call(op, bank, indices)
-        self._send_stacked(batch, step_timeout)
-        return batch
-
-    def chain_stacked(self, after: Any, op: str, bank: int, step_timeout: float | None) -> Any:
-        """:meth:`launch_stacked`, sent the moment every env of the call ``after`` has
-        answered (from the reply handler, before the caller waiting on ``after`` resumes),
-        if all its results are in the blocks (none failed or came pickled) and the backend
-        would still take the call; else never. Returns the call: once ``after`` was waited
-        for, ``call.sent`` says whether it went out (then wait for it, or give it up with
-        :meth:`abandon_stacked`)."""
-        if op not in _SLOT_OPS or self._stacked is None or after.then is not None:
-            raise ValueError("chain_stacked: not a stacked step, or the call is chained already")
-        batch = self._stacked_call(op, bank)
-        batch.after = after
-        after.then = functools.partial(self._send_chained, after, batch, step_timeout)
-        return batch
 
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if not after.in_blocks() or self._closing or self._fences or self._refusing():
@@ -768,15 +797,13 @@ class ProcessBackend(ClosingMixin, Backend):
             self._send_stacked(batch, step_timeout)
 
     def _stacked_call(self, op: str, bank: int, indices: Sequence[int] | None = None) -> _Batch:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
         n = self._stacked[bank].n  # type: ignore[index]
-        batch = _Batch(op, range(n), loop.create_future(), raw=True)
+        batch = _Batch(self, op, range(n), self._loop.create_future(), raw=True)  # type: ignore[union-attr]
         batch.bank = bank
         if indices is not None and len(indices) < n:
             # a masked step: the envs sitting it out are answered already (their rows
             # left as they are, no reset), so the call is whole once the others are in
+            batch.picked = indices
             batch.stepping = frozenset(indices)
             for i in range(n):
                 if i not in batch.stepping:
@@ -816,50 +843,20 @@ class ProcessBackend(ClosingMixin, Backend):
             raise
         batch.sent = True
         if step_timeout is not None and batch.left:
-            batch.timer = batch.future.get_loop().call_later(
-                step_timeout, self._expire_batch, batch, step_timeout
-            )
+            self._start_timer(batch, step_timeout)
 
-    def abandon_stacked(self, call: Any) -> None:
-        """Give up a launched (or chained) call that nobody will finish: its envs' work is
+    def _give_up(self, batch: _Batch) -> None:
+        """Give up a call (or a chained call) that nobody will finish: its envs' work is
         cancelled where it can be and their outcomes dropped; a chained call not sent yet
         never will be."""
-        after = call.after
+        after = batch.after
         if after is not None and after.then is not None:
             after.then = None
-        call.then = None
-        if call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
-        self._abandon(call)
-
-    async def wait_stacked(self, call: Any) -> list[Any] | None:
-        """Wait until every env of a launched call answered. None when all results are in
-        the call's bank (read them with :meth:`read_stacked` before that bank is used
-        again); else the per-env outcomes, as :meth:`run_batch`'s (some env failed or
-        answered pickled)."""
-        batch: _Batch = call
-        await self._wait_batch(batch, None)
-        if batch.in_blocks():
-            return None
-        op, bank = batch.op, batch.bank
-        return [
-            self._decode(i, op, o[1], o[2], bank) if type(o) is tuple else o
-            for i, o in enumerate(batch.outcomes)
-        ]
-
-    def read_stacked(self, call: Any) -> Stacked:
-        """The stacked results of a call :meth:`wait_stacked` found all in the blocks."""
-        batch: _Batch = call
-        stacked = self._stacked[batch.bank]  # type: ignore[index]
-        nxt = stacked.read("next")
-        if batch.op == "step":
-            return Stacked(nxt)
-        flags = [bool(o[2]) for o in batch.outcomes]
-        if not any(flags):
-            return Stacked(nxt)
-        mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
-        return Stacked(nxt, stacked.read("reset"), mask)
+        batch.then = None
+        if batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = None
+        self._abandon(batch)
 
     def _ring(
         self, w: _Worker, seq: int, op: str, bank: int, stepping: frozenset[int] | None
@@ -872,7 +869,6 @@ class ProcessBackend(ClosingMixin, Backend):
             return False
         steps = None if stepping is None else [i in stepping for i in w.indices]
         bell.ring(seq, op, bank, steps)
-        w.bell_seq = seq
         return True
 
     def _send_batch(
@@ -904,8 +900,7 @@ class ProcessBackend(ClosingMixin, Backend):
         return out
 
     def _abandon(self, batch: _Batch) -> None:
-        """The caller of ``run_batch`` was cancelled: stop its envs' work, drop their
-        outcomes."""
+        """Stop the work of ``batch``'s envs still working and drop their outcomes."""
         for _, i in self._pending(batch):
             self._batch_of[i] = None
             self.cancel(i)
@@ -1144,10 +1139,3 @@ class ProcessBackend(ClosingMixin, Backend):
                 if self._inflight[i] is not None:
                     self._inflight[i] = None
                     self._complete(i, failure)
-
-    def _defer(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon(fn, *args)
-        else:
-            fn(*args)

@@ -1,6 +1,6 @@
 """A worker's doorbell: the wake-up and completion signal of a stacked whole-batch step.
 
-A stacked step (:meth:`~aenv.pool._process.ProcessBackend.launch_stacked`) has its inputs
+A stacked step (:meth:`~aenv.pool._process.ProcessBackend.launch`) has its inputs
 and results in the shared-memory rows already; what is left to exchange is "go" and
 "done". Sending them as pickled frames over the worker's socket cost each side a pickle,
 a frame and a socket write per batch (the write that wakes the other end being the

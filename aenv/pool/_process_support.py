@@ -126,14 +126,12 @@ class Worker:
         self.failed_starts = 0
         self.respawn_timer: asyncio.TimerHandle | None = None
         #: the worker's doorbell (:mod:`aenv.pool._process_bell`; None where the platform
-        #: has none) and the call last rung on it
+        #: has none)
         self.bell: Bell | None = None
-        self.bell_seq = 0
 
     def close_bell(self) -> None:
         """Stop watching and close the doorbell."""
         bell, self.bell = self.bell, None
-        self.bell_seq = 0
         if bell is not None:
             _detach_and_close(bell)
 

@@ -90,8 +90,6 @@ class RayBackend(RayStacked, RayFaults, Backend):
     """
 
     name = "ray"
-    overlaps_steps = True
-    has_run_stacked = True
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ streamed envs come back as they finish, several per answer when they finish toge
 
 A whole-batch step is :meth:`EnvActor.stacked`: the actor's slice of the pool's stacked
 input in, its envs stepping into preallocated rows as an in-process pool's do (through the
-coroutine backend's ``run_stacked``), the stacked rows out, in one call.
+coroutine backend's ``launch``), the stacked rows out, in one call.
 
 Operations carry a sequence number per env. The driver gives an operation up (a cancel, a
 step timeout, a replace) by telling the actor; an operation that arrives after a newer one
@@ -286,7 +286,8 @@ class EnvActor:
             if host is None:
                 host = self.rows_host = CoroutineBackend(_nobody)
             host.envs = [self.envs[i] for i in self.order]
-            out = await host.run_stacked(op, tensordict, None, local)
+            call = host.launch(op, tensordict, None, local)
+            out = None if call is None else await call.wait()
             if isinstance(out, Stacked):
                 flags = None if out.reset_mask is None else out.reset_mask.tolist()
                 return pack(("S", out.next, out.reset, flags))

@@ -1,8 +1,8 @@
 """The Ray backend's whole-batch steps (see :mod:`aenv.pool._ray`): one actor call per
 actor, the envs stepping into preallocated rows inside the actor.
 
-:meth:`RayStacked.run_stacked` is the backend's ``run_stacked`` (the contract's stacked
-family, see :mod:`aenv.pool._backend`): the pool's stacked input goes to each actor as its
+:meth:`RayStacked.launch` is the backend's whole-batch operation (the contract's
+``launch``, see :mod:`aenv.pool._backend`) for a stacked step: the pool's stacked input goes to each actor as its
 slice (one packed TensorDict, numpy arrays through Ray's object store), each actor steps
 its envs with :meth:`~aenv.pool._ray_actor.EnvActor.stacked` (through the coroutine
 backend's rows: the step semantics are EnvBase's) and answers with its stacked rows, and
@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDictBase
 
 from aenv.exceptions import StepTimeoutError, WorkerCrashedError
-from aenv.pool._backend import Failure, Stacked
+from aenv.pool._backend import BatchCall, Failure, Stacked
 from aenv.pool._ray_actor import TIMED_OUT, pack, unpack
 from aenv.pool._ray_faults import _first_line, _Group, _ignore
 
@@ -64,22 +64,26 @@ class RayStacked:
         lost, held, replacing = self._lost, self._held, self._replacing
         return not any(lost[i] is not None or i in held or i in replacing for i in stepping)
 
-    async def run_stacked(
+    def launch(
         self,
         op: str,
-        tensordict: TensorDictBase,
+        inputs: Any,
         step_timeout: float | None,
         indices: Sequence[int] | None = None,
-    ) -> Stacked | list[Any] | None:
+        *,
+        bank: int = 0,
+        after: BatchCall | None = None,
+    ) -> BatchCall | None:
         """``op`` on every env (or on ``indices``) with one call per actor; see the module
-        docstring and :meth:`~aenv.pool._backend.Backend.run_stacked`."""
-        if op not in _OPS or not self._stacks_now(indices):
+        docstring and :meth:`~aenv.pool._backend.Backend.launch`."""
+        if op not in _OPS or not isinstance(inputs, TensorDictBase):
+            return None
+        if not self._stacks_now(indices):
             return None
         self._bind()
-        inputs = tensordict.exclude("next", "_step")
+        inputs = inputs.exclude("next", "_step")
         wanted = None if indices is None else set(indices)
-        calls: list[tuple[_Group, int, list[int], Any]] = []
-        refs = []  # (held until the answers are in: the refs own the calls' results)
+        call = _RayCall(self, op, indices, step_timeout)
         for g in self._groups:
             lo, hi = g.indices[0], g.indices[-1] + 1
             part = inputs if len(self._groups) == 1 else inputs[lo:hi]
@@ -88,23 +92,11 @@ class RayStacked:
             try:
                 ref = g.actor.stacked.remote(op, pack(part), local, step_timeout)
             except Exception as exc:  # Ray could not take the input (not serialisable)
-                calls.append((g, g.gen, stepping, Failure(exc)))
+                call.calls.append((g, g.gen, stepping, Failure(exc)))
                 continue
-            refs.append(ref)
-            calls.append((g, g.gen, stepping, asyncio.wrap_future(ref.future())))
-        futures = [c[3] for c in calls if not isinstance(c[3], Failure)]
-        try:
-            if futures:
-                deadline = None if step_timeout is None else step_timeout + self.replace_timeout
-                await asyncio.wait(futures, timeout=deadline)
-        except BaseException:
-            for future in futures:
-                future.add_done_callback(_retrieve)
-            self._give_up_stacked(calls)
-            raise
-        out = self._join(op, calls, indices, step_timeout)
-        del refs
-        return out
+            call.refs.append(ref)
+            call.calls.append((g, g.gen, stepping, asyncio.wrap_future(ref.future())))
+        return call
 
     def _give_up_stacked(self, calls: list[tuple[_Group, int, list[int], Any]]) -> None:
         """The caller was cancelled: tell the actors to stop the calls' envs."""
@@ -180,6 +172,37 @@ class RayStacked:
         return out
 
 
+class _RayCall(BatchCall):
+    """A whole-batch step in flight on the actors (:meth:`RayStacked.launch`)."""
+
+    def __init__(
+        self, backend: RayStacked, op: str, indices: Sequence[int] | None, timeout: float | None
+    ) -> None:
+        self.backend, self.op, self.indices, self.timeout = backend, op, indices, timeout
+        self.calls: list[tuple[_Group, int, list[int], Any]] = []
+        self.refs: list[Any] = []  # (held until the answers are in: they own the results)
+
+    async def wait(self) -> Stacked | list[Any]:
+        backend, timeout = self.backend, self.timeout
+        futures = [c[3] for c in self.calls if not isinstance(c[3], Failure)]
+        try:
+            if futures:
+                deadline = None if timeout is None else timeout + backend.replace_timeout
+                await asyncio.wait(futures, timeout=deadline)
+        except BaseException:
+            self.abandon()
+            raise
+        out = backend._join(self.op, self.calls, self.indices, timeout)
+        self.refs = []
+        return out
+
+    def abandon(self) -> None:
+        for call in self.calls:
+            if not isinstance(call[3], Failure):
+                call[3].add_done_callback(_retrieve)
+        self.backend._give_up_stacked(self.calls)
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Take the outcome of a call nobody waits for any more (so asyncio does not report an
     exception as never retrieved)."""
@@ -220,11 +243,5 @@ def _per_env(op: str, part: Any, stepping: list[int], lo: int) -> list[Any]:
     if part[0] == "L":
         return part[1]
     _, nxt, reset, flags = part
-    out: list[Any] = []
-    for i in stepping:
-        row = nxt[i - lo]
-        if op != "step_and_maybe_reset":
-            out.append(row)
-        else:
-            out.append((row, reset[i - lo] if flags is not None and flags[i - lo] else None))
-    return out
+    mask = None if flags is None else torch.tensor(flags, dtype=torch.bool)
+    return Stacked(nxt, reset, mask).outcomes(op, [i - lo for i in stepping])

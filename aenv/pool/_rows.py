@@ -152,7 +152,7 @@ class Rows:
         """``op`` on every env, or on the envs ``indices`` (``inputs`` are theirs, in that
         order), each into its rows: the stacked result (the rows of envs that did not step
         left as they were, their reset flags False), or per-env outcomes (as a backend's
-        ``run_batch`` gives them, one per stepped env) when some env failed or gave a
+        ``launch`` gives them, one per stepped env) when some env failed or gave a
         result its row cannot hold."""
         smr = op == "step_and_maybe_reset"
         n = len(envs)

@@ -15,7 +15,7 @@ one copy per leaf instead of one per env and leaf.
 A region holds :data:`BANKS` copies of that layout (banks), one after the other: a
 whole-batch command names the bank it uses, so that while the workers run a step on one
 bank, the parent writes the next step's inputs into the other, and reads the step's results
-once it has sent the next one (see :meth:`~aenv.pool._process.ProcessBackend.stage_stacked`).
+once it has sent the next one (see :meth:`~aenv.pool._process.ProcessBackend.launch`).
 Every other use is bank 0. A bank is a suffix view of the region
 (``flat[b * bank_size:]``) handed to :func:`map_slots` / :func:`map_blocks`.
 

@@ -1,7 +1,8 @@
 """A fault policy does not change the data path: under ``on_error="restart"`` and
-``"observe"`` whole-batch steps still go through the backend's whole-batch calls (the
-stacked rows, ``run_batch``), and give exactly what the per-env tickets give: the same
-values, the failed env's step truncated after its restart, the same error entries."""
+``"observe"`` whole-batch steps still go through the backend's whole-batch operation
+(``launch``: stacked rows or per-env payloads), and give exactly what the per-env tickets
+give: the same values, the failed env's step truncated after its restart, the same error
+entries."""
 
 from __future__ import annotations
 
@@ -35,8 +36,7 @@ def _fns() -> list[Any]:
 
 def _tickets_only(pool: AsyncEnvPool) -> None:
     """Send every call of ``pool`` through per-env tickets (the reference path)."""
-    pool._stacked_ok = lambda: False  # type: ignore[method-assign]
-    pool._backend.has_run_batch = False
+    pool._backend.launch = lambda *args, **kwargs: None  # type: ignore[method-assign]
 
 
 def _plain(td: TensorDictBase) -> dict[str, Any]:
@@ -93,17 +93,15 @@ async def test_fault_policies_keep_the_whole_batch_path(backend, on_error, op, m
     ):
         _tickets_only(slow)
         backend_cls = type(fast._backend)
-        for name in ("run_stacked", "run_batch"):
-            original = getattr(backend_cls, name, None)
-            if original is None:
-                continue
+        launch = backend_cls.launch
 
-            def spy(self: Any, *args: Any, _name: str = name, _f: Any = original) -> Any:
-                if self is fast._backend:
-                    calls.append(_name)
-                return _f(self, *args)
+        def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+            call = launch(self, *args, **kwargs)
+            if self is fast._backend:
+                calls.append("launch" if call is not None else "not taken")
+            return call
 
-            monkeypatch.setattr(backend_cls, name, spy)
+        monkeypatch.setattr(backend_cls, "launch", spy)
         got = await _run(fast, op)
         want = await _run(slow, op)
     assert got == want
@@ -124,12 +122,10 @@ async def test_fault_policies_keep_the_whole_batch_path(backend, on_error, op, m
         assert ["", "RuntimeError", ""] in kinds
         assert any(k[2] == "ValueError" for k in kinds)
     # every whole-batch step took a whole-batch call
-    if fast._backend.has_run_stacked:
-        assert calls.count("run_stacked") >= STEPS
-    elif fast._backend.has_run_batch:
-        assert calls.count("run_batch") >= STEPS
+    if backend == "thread":  # (no whole-batch operation: per-env tickets)
+        assert "launch" not in calls
     else:
-        assert calls == []
+        assert len(calls) >= STEPS
 
 
 @pytest.mark.parametrize("on_error", ["restart", "observe"])

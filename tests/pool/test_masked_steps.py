@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 
 from aenv import AsyncEnvPool, GymEnv, PendulumEnv
 from aenv.exceptions import PoolError
+from aenv.pool._backend import Backend
 from aenv.pool._coroutine import CoroutineBackend
 from aenv.pool._process import ProcessBackend
 from aenv.testing import CountingEnv
@@ -108,7 +109,7 @@ async def _run(make: Any, backend: str, whole: bool) -> list[TensorDictBase]:
 @pytest.mark.parametrize("name", list(ENVS))
 async def test_masked_whole_batch_steps_equal_the_per_env_path(name, backend, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(CoroutineBackend, "has_run_stacked", False)
+        m.setattr(CoroutineBackend, "launch", Backend.launch)
         expected = await _run(ENVS[name], "coroutine", False)
     sizes = _spy(monkeypatch, backend)
     got = await _run(ENVS[name], backend, True)

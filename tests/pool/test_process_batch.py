@@ -1,5 +1,5 @@
-"""The process backend's whole-batch path (``run_batch``): one command and one reply per
-worker per batch, partial masks, faults inside a batch, fallbacks to pickled data."""
+"""The process backend's whole-batch path (``launch`` with per-env payloads): one command
+and one reply per worker per batch, partial masks, faults inside a batch, fallbacks to pickled data."""
 
 from __future__ import annotations
 

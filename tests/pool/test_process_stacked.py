@@ -146,7 +146,7 @@ def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
 
 class Launches(list[int]):
     """The banks of the stacked calls sent, in order; ``chained``: the positions of those
-    sent by the backend itself, chained to the call before (:meth:`chain_stacked`)."""
+    sent by the backend itself, chained to the call before (``launch(..., after=call)``)."""
 
     def __init__(self) -> None:
         super().__init__()

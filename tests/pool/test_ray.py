@@ -300,15 +300,15 @@ def count_stacked(pool: AsyncEnvPool) -> list[tuple[str, object]]:
     """Record each whole-batch call the pool's Ray backend takes: (op, indices)."""
     backend = pool._backend
     calls: list[tuple[str, object]] = []
-    run = backend.run_stacked
+    launch = backend.launch
 
-    async def counting(op, td, step_timeout, indices=None):
-        out = await run(op, td, step_timeout, indices)
-        if out is not None:
+    def counting(op, inputs, step_timeout, indices=None, **kw):
+        call = launch(op, inputs, step_timeout, indices, **kw)
+        if call is not None:
             calls.append((op, indices))
-        return out
+        return call
 
-    backend.run_stacked = counting
+    backend.launch = counting
     return calls
 
 

@@ -15,8 +15,11 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv import AsyncEnvPool, GymEnv, GymWrapper, PendulumEnv
 from aenv.exceptions import PoolError
+from aenv.pool._backend import Backend
 from aenv.pool._coroutine import CoroutineBackend
 from aenv.testing import CountingEnv
+
+_LAUNCH = CoroutineBackend.launch  # (the rows path; Backend.launch takes nothing)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +34,7 @@ ENVS = {
 
 
 async def _run(make: Any, rows: bool, monkeypatch: pytest.MonkeyPatch) -> list[TensorDictBase]:
-    monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+    monkeypatch.setattr(CoroutineBackend, "launch", _LAUNCH if rows else Backend.launch)
     taken = _spy_rows(monkeypatch) if rows else []
     out = []
     async with AsyncEnvPool([make] * 3) as pool:
@@ -212,7 +215,7 @@ async def test_restart_policy_keeps_the_rows_path(op, monkeypatch):
     # the per-env path (rebuilt, reset, reported truncated) and the results are the same
 
     async def run(rows: bool) -> tuple[list[TensorDictBase], list[str], dict[int, str]]:
-        monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+        monkeypatch.setattr(CoroutineBackend, "launch", _LAUNCH if rows else Backend.launch)
         taken = _spy_rows(monkeypatch)
         fns = [partial(_FlakyGym, fail) for fail in (False, True, False)]
         out = []
@@ -247,9 +250,10 @@ async def test_restart_policy_keeps_the_rows_path(op, monkeypatch):
 
 
 async def test_max_concurrency_keeps_the_rows_path(monkeypatch):
-    # the rows step one inline env at a time: a concurrency cap is met as it is
+    # a concurrency cap keeps the rows: a batch of 4 envs goes in waves of 2, each wave
+    # one whole-batch call into the rows, with the results of the uncapped path
     async def run(rows: bool) -> tuple[list[TensorDictBase], list[str]]:
-        monkeypatch.setattr(CoroutineBackend, "has_run_stacked", rows)
+        monkeypatch.setattr(CoroutineBackend, "launch", _LAUNCH if rows else Backend.launch)
         taken = _spy_rows(monkeypatch)
         out = []
         async with AsyncEnvPool([ENVS["cartpole"]] * 4, max_concurrency=2) as pool:
@@ -263,7 +267,7 @@ async def test_max_concurrency_keeps_the_rows_path(monkeypatch):
 
     expected, _ = await run(False)
     got, taken = await run(True)
-    assert taken == ["Stacked"] * 30
+    assert taken == ["Stacked"] * 60
     for a, b in zip(expected, got, strict=True):
         for key in a.keys(True, True):
             assert torch.equal(a[key], b[key]), key
