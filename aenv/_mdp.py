@@ -136,6 +136,7 @@ def with_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
         type(td) is TensorDict
         and type(nxt) is TensorDict
         and not td.is_locked
+        and not td._has_names()
         and nxt.batch_size == td.batch_size
         and (td.device is None or nxt.device == td.device)
     ):

@@ -15,7 +15,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from aenv._mdp import getter
+from aenv._mdp import getter, with_next
 from aenv.envs._common import EnvBase
 
 __all__ = [
@@ -100,9 +100,9 @@ async def step_rows(
         if not nxt:
             return nxt, None
         assert next_row is not None
-        stepped = td.copy().set("next", next_row)
+        stepped = with_next(td, next_row)
     elif _any_done(env, nxt):
-        stepped = td.copy().set("next", nxt)
+        stepped = with_next(td, nxt)
     else:
         return nxt, None
     return nxt, await env._reset_into(stepped, reset_row)
