@@ -20,6 +20,7 @@ from aenv.specs import (
     NonTensor,
     OneHot,
     TensorSpec,
+    Unbounded,
     from_gym_space,
 )
 from aenv.specs._numpy import from_numpy_fn, np_dtype, to_numpy_fn
@@ -40,6 +41,7 @@ _WRAPPER_KWARGS = frozenset(
         "allow_done_after_reset",
         "run_type_checks",
         "spec_locked",
+        "reward_dtype",
     }
 )
 
@@ -103,6 +105,9 @@ class GymWrapper(GymLikeEnv):
         auto_reset_replace: see ``auto_reset``.
         blocking: run gymnasium's (synchronous) calls in a worker thread instead of inline.
         allow_done_after_reset, run_type_checks, spec_locked: see :class:`~aenv.EnvBase`.
+        reward_dtype: the reward spec's dtype (float32, as TorchRL's, by default;
+            ``torch.float64`` keeps gymnasium's python-float rewards exact, as a gymnasium
+            vector env's float64 rewards hold them).
 
     Example:
         >>> import gymnasium
@@ -132,6 +137,7 @@ class GymWrapper(GymLikeEnv):
         allow_done_after_reset: bool = False,
         run_type_checks: bool = False,
         spec_locked: bool = True,
+        reward_dtype: torch.dtype = torch.float32,
     ) -> None:
         if env is None:
             raise TypeError("GymWrapper needs an env instance (use GymEnv to build one by id)")
@@ -162,6 +168,7 @@ class GymWrapper(GymLikeEnv):
         self.auto_reset = auto_reset
         self.auto_reset_replace = auto_reset_replace
         self.categorical_action_encoding = categorical_action_encoding
+        self.reward_dtype = reward_dtype
         self._vector = VectorAutoreset(env, env.num_envs) if vector else None
         self._pending_seed: int | None = None
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
@@ -209,6 +216,7 @@ class GymWrapper(GymLikeEnv):
             Composite(obs, shape=bs, device=dev),
             action,
             action_space=batched_act_space if self._vector is not None else act_space,
+            reward_spec=Unbounded((*bs, 1), dev, self.reward_dtype),
         )
         # rows of actions converted as a block: the converter of the spec with a leading dim
         self._rows_writer = (

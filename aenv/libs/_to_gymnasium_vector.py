@@ -522,7 +522,8 @@ def _wrapped(make: Callable[[], Any], categorical: bool, infos: bool) -> EnvBase
     from aenv.libs._gym_env import GymWrapper
     from aenv.libs._gym_info import InfoAsEntry
 
-    env = GymWrapper(make(), categorical_action_encoding=categorical)
+    # (float64 rewards: gymnasium's python floats kept exact, as its vector envs keep them)
+    env = GymWrapper(make(), categorical_action_encoding=categorical, reward_dtype=torch.float64)
     if infos:
         env.set_info_dict_reader(InfoAsEntry())
     return env

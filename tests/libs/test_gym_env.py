@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from aenv import acheck_env_specs
+from aenv import acheck_env_specs, step_mdp
 from aenv.exceptions import BackendUnavailableError, BatchSizeError
 from aenv.libs.gym import (
     DefaultInfoDictReader,
@@ -297,3 +297,30 @@ async def test_pixels_through_thread_pool():
         assert r["next", "pixels"].dtype == torch.uint8
     finally:
         await pool.aclose()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+async def test_reward_dtype_keeps_gymnasium_rewards(dtype):
+    """``reward_dtype`` sets the reward spec; float64 holds gymnasium's python-float rewards
+    exactly (MountainCarContinuous's ``-0.1 * a**2`` is no float32 value), on the plain
+    path and the general one alike."""
+    import gymnasium
+
+    raw = gymnasium.make("MountainCarContinuous-v0")
+    env = GymEnv("MountainCarContinuous-v0", reward_dtype=dtype)
+    assert env.full_reward_spec["reward"].dtype == dtype
+    raw.reset(seed=0)
+    td = await env.reset(seed=0)
+    for a in (0.3, -0.7, 0.11):
+        _, r, *_ = raw.step(np.array([a], dtype=np.float32))
+        td["action"] = torch.tensor([a])
+        td = await env.step(td)
+        got = td["next", "reward"]
+        assert got.dtype == dtype
+        if dtype == torch.float64:
+            assert got.item() == r
+        else:
+            assert got.item() == float(np.float32(r))
+        td = step_mdp(td)
+    rollout = await env.rollout(5)
+    assert rollout["next", "reward"].dtype == dtype
