@@ -68,19 +68,21 @@ class LatencyEnv(EnvBase):
         self.max_steps = max_steps
         self.reset_latency = reset_latency
         self.obs_dim = obs_dim
-        self._rng = np.random.default_rng(seed)
-        self.observation_spec = Composite(
-            observation=Unbounded((obs_dim,)), latency=Unbounded((1,))
-        )
-        self.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
-        self.reward_spec = Unbounded((1,))
-        self.full_done_spec = Composite(
-            done=Categorical(2, (1,), dtype=torch.bool),
-            terminated=Categorical(2, (1,), dtype=torch.bool),
-            truncated=Categorical(2, (1,), dtype=torch.bool),
-        )
+        # the generator is made on the first draw: a fixed latency never needs one, and
+        # making it is a good part of building one of thousands of envs
+        self._seed = seed
+        self._rng_made: np.random.Generator | None = None
+        # built once per configuration, held by every env of it (see EnvBase._specs_once)
+        self._specs_once(_latency_specs, obs_dim, action_dim)
         self.count = 0
         self.steps_taken = 0
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        rng = self._rng_made
+        if rng is None:
+            rng = self._rng_made = np.random.default_rng(self._seed)
+        return rng
 
     def draw_latency(self) -> float:
         """The next step's latency (seconds)."""
@@ -92,7 +94,7 @@ class LatencyEnv(EnvBase):
         return float(self.median * math.exp(self.sigma * self._rng.standard_normal()))
 
     def _set_seed(self, seed: int | None) -> None:
-        self._rng = np.random.default_rng(seed)
+        self._rng_made = np.random.default_rng(seed)
 
     def _obs(self, lat: float) -> dict[str, torch.Tensor]:
         # torch.full, not torch.tensor([...]): a few µs less per step, which a pool of
@@ -125,6 +127,17 @@ class LatencyEnv(EnvBase):
             # asyncio's sleep: the cheapest timer on the loop, as latency envs model waiting
             await asyncio.sleep(lat)
         return self._step_out(lat)
+
+
+def _latency_specs(env: LatencyEnv, obs_dim: int, action_dim: int) -> None:
+    env.observation_spec = Composite(observation=Unbounded((obs_dim,)), latency=Unbounded((1,)))
+    env.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
+    env.reward_spec = Unbounded((1,))
+    env.full_done_spec = Composite(
+        done=Categorical(2, (1,), dtype=torch.bool),
+        terminated=Categorical(2, (1,), dtype=torch.bool),
+        truncated=Categorical(2, (1,), dtype=torch.bool),
+    )
 
 
 def latency_ideal_steps(
