@@ -28,6 +28,8 @@ __all__ = [
     "latency_ideal_steps",
 ]
 
+_NO_DIMS = torch.Size()
+
 
 class LatencyEnv(EnvBase):
     """An env whose step and reset take time, like a remote tool, an LLM call or a simulator.
@@ -107,8 +109,18 @@ class LatencyEnv(EnvBase):
     async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         if self.reset_latency:
             await asyncio.sleep(self.reset_latency)
+        return self._reset_out()
+
+    def _reset_out(self) -> TensorDictBase:
         self.count = 0
-        return TensorDict(self._obs(0.0), batch_size=())
+        # (zeros, and no checks: the entries are known to fit; a pool of thousands of
+        # these envs resets them all at once)
+        return TensorDict._new_unsafe(
+            {"observation": torch.zeros(self.obs_dim), "latency": torch.zeros(1)},
+            batch_size=_NO_DIMS,
+            device=None,
+            nested=False,
+        )
 
     def _step_out(self, lat: float) -> TensorDictBase:
         self.count += 1
@@ -181,8 +193,7 @@ class SyncLatencyEnv(LatencyEnv):
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:  # type: ignore[override]
         if self.reset_latency:
             time.sleep(self.reset_latency)
-        self.count = 0
-        return TensorDict(self._obs(0.0), batch_size=())
+        return self._reset_out()
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:  # type: ignore[override]
         lat = self.draw_latency()
