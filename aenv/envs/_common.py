@@ -220,7 +220,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     ) -> None:
         self._device = torch.device(device) if device is not None else None
         # (one empty Size for every unbatched env: an object fewer per env of a big pool)
-        self.batch_size = _NO_DIMS if batch_size is None else torch.Size(batch_size)
+        self.batch_size = torch.Size(batch_size) if batch_size else _NO_DIMS
         self.run_type_checks = run_type_checks
         self.allow_done_after_reset = allow_done_after_reset
         self._spec_locked = False

@@ -51,7 +51,8 @@ class _SpecDerived:
     later reads find it with no call at all (some are read on every step); the stored values
     are dropped whenever the specs change or get unlocked (``_CACHED`` lists them). Envs of
     one class that hold the same shared spec roots (:class:`SharedSpecs`) compute it once
-    between them. Unlocked, each read computes the value afresh.
+    between them, so a derived value must depend on the specs (and the class) alone, never
+    on other state of the env. Unlocked, each read computes the value afresh.
     """
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:

@@ -93,7 +93,8 @@ class LatencyEnv(EnvBase):
         assert self.median is not None
         if self.sigma == 0:
             return float(self.median)
-        return float(self.median * math.exp(self.sigma * self._rng.standard_normal()))
+        rng = self._rng_made if self._rng_made is not None else self._rng
+        return float(self.median * math.exp(self.sigma * rng.standard_normal()))
 
     def _set_seed(self, seed: int | None) -> None:
         self._rng_made = np.random.default_rng(seed)
