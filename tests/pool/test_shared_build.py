@@ -109,3 +109,22 @@ async def test_a_rebuilt_env_shares_the_template_again() -> None:
         assert td["observation"].shape == (3, 4)
     finally:
         await pool.aclose()
+
+
+async def test_a_built_env_costs_a_few_tracked_objects() -> None:
+    # each env of a big pool is walked by every full collection of the cyclic garbage
+    # collector: shared specs, key lists and metadata leave the env and its attribute dict
+    import gc
+
+    n = 256
+    fns = [partial(LatencyEnv, 0.0, seed=i) for i in range(n)]
+    gc.collect()
+    before = len(gc.get_objects())
+    pool = AsyncEnvPool(fns)
+    try:
+        gc.collect()
+        per_env = (len(gc.get_objects()) - before) / n
+        assert per_env < 3, per_env
+        assert len({id(e.__dict__["output_spec"]) for e in pool._backend.envs}) == 1
+    finally:
+        await pool.aclose()
