@@ -23,7 +23,7 @@ from aenv._mdp import (
     step_mdp,
     unravel,
 )
-from aenv.envs._specs import EnvSpecsMixin, default_reward_spec, fake_from_specs
+from aenv.envs._specs import EnvSpecsMixin, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
     BatchSizeError,
@@ -219,7 +219,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         spec_locked: bool = True,
     ) -> None:
         self._device = torch.device(device) if device is not None else None
-        self.batch_size = torch.Size(batch_size if batch_size is not None else ())
+        # (one empty Size for every unbatched env: an object fewer per env of a big pool)
+        self.batch_size = torch.Size(batch_size) if batch_size else _NO_DIMS
         self.run_type_checks = run_type_checks
         self.allow_done_after_reset = allow_done_after_reset
         self._spec_locked = False
@@ -230,12 +231,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         self._init_specs()
 
     def _post_init(self) -> None:
-        if self.full_reward_spec.is_empty() and not self.full_reward_spec.keys():
-            self.output_spec["full_reward_spec"]["reward"] = default_reward_spec(
-                self.batch_size, self._device
-            )
-        self._spec_locked = self._want_spec_lock
-        self._specs_changed()
+        self._finish_specs()
 
     # ------------------------------------------------------------------ basic attributes
     @property

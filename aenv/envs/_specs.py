@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import NestedKey, done_groups, exclusion_tree, reset_keys_from_done_keys
+from aenv.envs._spec_share import (
+    TEMPLATES,
+    SharedSpecs,
+    add_default_reward,
+    complete_done_spec,
+    empty_roots,
+    settle_specs,
+)
+from aenv.envs._spec_views import UnbatchedViewsMixin
 from aenv.exceptions import BatchSizeError
-from aenv.specs import Categorical, Composite, TensorSpec, Unbounded
+from aenv.specs import Composite, TensorSpec
 
-__all__ = ["EnvSpecsMixin"]
+__all__ = ["EnvSpecsMixin", "fake_from_specs"]
 
 _CACHED = (
     "action_keys",
@@ -31,13 +40,19 @@ _CACHED = (
 )
 
 
+_ROOTS = ("output_spec", "input_spec")
+_MISSING = object()
+
+
 class _SpecDerived:
     """A value derived from the specs (a key list, a plan) as a read-only attribute.
 
     While the specs are locked, the first read stores the value in the instance dict, where
     later reads find it with no call at all (some are read on every step); the stored values
-    are dropped whenever the specs change or get unlocked (``_CACHED`` lists them). Unlocked,
-    each read computes the value afresh.
+    are dropped whenever the specs change or get unlocked (``_CACHED`` lists them). Envs of
+    one class that hold the same shared spec roots (:class:`SharedSpecs`) compute it once
+    between them, so a derived value must depend on the specs (and the class) alone, never
+    on other state of the env. Unlocked, each read computes the value afresh.
     """
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
@@ -51,49 +66,61 @@ class _SpecDerived:
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
             return self
-        value = self.fn(obj)
-        if obj._spec_locked:
-            obj.__dict__[self.name] = value
+        if not obj._spec_locked:
+            return self.fn(obj)
+        share = obj._spec_share
+        if share is None:
+            value = self.fn(obj)
+        else:
+            # (by class too: a subclass may derive differently from the same specs)
+            key = (type(obj), self.name)
+            value = share.derived.get(key, _MISSING)
+            if value is _MISSING:
+                value = share.derived[key] = self.fn(obj)
+        obj.__dict__[self.name] = value
         return value
 
 
-class EnvSpecsMixin:
+class EnvSpecsMixin(UnbatchedViewsMixin):
     """Holds ``input_spec`` / ``output_spec`` and derives every spec view and key list.
 
     ``output_spec`` holds ``full_observation_spec``, ``full_reward_spec`` and
     ``full_done_spec``; ``input_spec`` holds ``full_action_spec`` and ``full_state_spec``.
     Shapes include the env's batch size. While specs are locked (the default), derived key
     lists are cached; assigning a spec unlocks, replaces, clears the caches and relocks.
+
+    Envs may hold the same spec objects (:class:`SharedSpecs`): the envs of a pool built
+    by one factory (:meth:`_share_specs`), or of a class that builds its specs once per
+    configuration (:meth:`_specs_once`). Shared roots are settled and locked; an env that
+    changes its specs (an assignment, an unlock, a read while its own specs are unlocked)
+    first takes a private copy (copy on write), so no env's change reaches another's.
     """
 
     batch_size: torch.Size
     _device: torch.device | None
     _spec_locked: bool
+    _want_spec_lock: bool
     # True between a spec assignment and the next read of the specs: the roots are unlocked
     # and the done spec not yet completed. An env's constructor assigns four or five specs
     # in a row; settling once, on the first read, instead of after each (unlock, complete,
-    # relock every level) is most of what building a big pool costs.
+    # relock every level) is most of what building a big pool costs. Also True while an
+    # env still being built holds shared roots: a read there takes a private copy first.
     _specs_open = False
-    # True once this env's spec objects may be held by other envs too (:meth:`_share_specs`):
-    # the first change in place (an assignment, an unlock) copies them first
-    _specs_shared = False
+    # the shared roots this env holds (None: its roots are its own): they are copied
+    # before any change (:meth:`_own_specs`)
+    _spec_share: SharedSpecs | None = None
 
     def _init_specs(self) -> None:
-        bs = self.batch_size
-        dev = self._device
-        self.__dict__["output_spec"] = Composite(
-            full_observation_spec=Composite(shape=bs, device=dev),
-            full_reward_spec=Composite(shape=bs, device=dev),
-            full_done_spec=Composite(shape=bs, device=dev),
-            shape=bs,
-            device=dev,
-        )
-        self.__dict__["input_spec"] = Composite(
-            full_action_spec=Composite(shape=bs, device=dev),
-            full_state_spec=Composite(shape=bs, device=dev),
-            shape=bs,
-            device=dev,
-        )
+        # every env starts from shared empty roots (a copy is taken on the first assignment):
+        # an env that takes settled roots from a template (_specs_once) never builds them
+        self._hold(empty_roots(self.batch_size, self._device))
+        self._specs_open = True
+
+    def _hold(self, share: SharedSpecs) -> None:
+        d = self.__dict__
+        d["output_spec"], d["input_spec"] = share.output_spec, share.input_spec
+        self._spec_share = share
+        self._clear_spec_caches()
 
     # ------------------------------------------------------------------ locking and caches
     @property
@@ -131,7 +158,8 @@ class EnvSpecsMixin:
         """Lock (``True``) or unlock (``False``) the specs in place; returns the env."""
         if self._specs_open:
             self._specs_changed()
-        self._own_specs()
+        if not mode:
+            self._own_specs()  # (shared roots stay locked: unlocked ones are this env's own)
         self._spec_locked = bool(mode)
         self._clear_spec_caches()
         for spec in (self.output_spec, self.input_spec):
@@ -142,8 +170,10 @@ class EnvSpecsMixin:
         return self
 
     def _clear_spec_caches(self) -> None:
+        d = self.__dict__
         for name in _CACHED:
-            self.__dict__.pop(name, None)
+            if name in d:
+                del d[name]
 
     def _share_specs(self, other: EnvSpecsMixin) -> bool:
         """Hold ``other``'s spec objects instead of this env's own when they are equal and
@@ -164,27 +194,86 @@ class EnvSpecsMixin:
             and mine["input_spec"] == theirs["input_spec"]
         ):
             return False
-        mine["output_spec"], mine["input_spec"] = theirs["output_spec"], theirs["input_spec"]
-        self._specs_shared = other._specs_shared = True
-        self._clear_spec_caches()
+        share = other._spec_share
+        if share is None:
+            share = other._spec_share = SharedSpecs(theirs["output_spec"], theirs["input_spec"])
+        self._hold(share)
         return True
+
+    def _specs_once(self, build: Callable[..., None], *config: Hashable) -> None:
+        """Set this env's specs with ``build(self, *config)`` (which assigns them as a
+        constructor does), once per configuration: the first env of a configuration builds
+        them and keeps the settled result as the template of the later envs, which hold the
+        same objects (locked, copied before any change) with the key lists and plans derived
+        from them. Called in ``__init__`` instead of the assignments; ``config`` must hold
+        everything the specs depend on besides the batch size and device (part of the key).
+
+        Building thousands of envs of one kind is then mostly the env's own state: a
+        :class:`~aenv.testing.LatencyEnv` built this way costs a few microseconds of spec
+        work, not a few hundred. An env built with ``spec_locked=False`` builds its own.
+
+        Example:
+            >>> def _specs(env, obs_dim):
+            ...     env.observation_spec = Composite(obs=Unbounded((obs_dim,)))
+            ...     env.action_spec = Unbounded((1,))
+            >>> self._specs_once(_specs, obs_dim)   # in __init__, after super().__init__()
+        """
+        if not self._want_spec_lock:
+            build(self, *config)
+            return
+        key = (build, config, self.batch_size, self._device)
+        share = TEMPLATES.get(key)
+        if share is None:
+            build(self, *config)
+            out, inp = self.__dict__["output_spec"].clone(), self.__dict__["input_spec"].clone()
+            settle_specs(out, self.batch_size, self._device)
+            share = TEMPLATES.put(key, SharedSpecs(out, inp))
+        self._hold(share)
+        # (still being built: a read or an assignment before _post_init takes a copy)
+        self._specs_open = True
+
+    def _finish_specs(self) -> None:
+        """Settle the specs at the end of the constructor (``EnvBase._post_init``): the
+        default reward when none was declared, done/terminated completed, locked if the env
+        is to be. An env holding a template it did not touch (:meth:`_specs_once`) has
+        nothing to settle or copy: it only locks."""
+        want = self._want_spec_lock
+        share = self._spec_share
+        if (
+            share is not None
+            and self._specs_open
+            and want
+            and share is not empty_roots(self.batch_size, self._device)
+        ):
+            self._specs_open = False
+            self._spec_locked = True
+            return
+        self._open_specs()
+        add_default_reward(self.__dict__["output_spec"], self.batch_size, self._device)
+        self._spec_locked = want
+        self._specs_changed()
 
     def _own_specs(self) -> None:
         """Copy shared spec objects before this env changes them in place (copy on write)."""
-        if self._specs_shared:
-            for name in ("output_spec", "input_spec"):
-                mine = self.__dict__[name].clone()
+        share = self._spec_share
+        if share is None:
+            return
+        d = self.__dict__
+        for name in _ROOTS:
+            if d[name] is getattr(share, name):
+                mine = d[name].clone()
                 if self._spec_locked:
                     mine.lock_()
-                self.__dict__[name] = mine
-            self._specs_shared = False
+                d[name] = mine
+        self._spec_share = None
+        self._clear_spec_caches()
 
     def _open_specs(self) -> None:
         """Unlock the roots for an assignment and drop the derived caches; the change is
         settled (:meth:`_specs_changed`) on the next read of either root."""
         self._clear_spec_caches()
+        self._own_specs()
         if not self._specs_open:
-            self._own_specs()
             self.__dict__["output_spec"].unlock_()
             self.__dict__["input_spec"].unlock_()
             self._specs_open = True
@@ -196,7 +285,7 @@ class EnvSpecsMixin:
         self._specs_open = False
         out.unlock_()
         inp.unlock_()
-        self._complete_done_spec()
+        complete_done_spec(out["full_done_spec"], self.batch_size, self._device)
         self._clear_spec_caches()
         if self._spec_locked:
             out.lock_()
@@ -222,30 +311,6 @@ class EnvSpecsMixin:
             return spec
         self._check_spec_shape(name, spec)
         return Composite({key: spec}, shape=self.batch_size, device=self._device)
-
-    def _complete_done_spec(self) -> None:
-        """Give every level a done and a terminated entry (a default pair when none exists)."""
-        full = self.output_spec["full_done_spec"]
-        leaves = list(full.keys(include_nested=True, leaves_only=True))
-        if not leaves:
-            spec = Categorical(
-                2, shape=(*self.batch_size, 1), dtype=torch.bool, device=self._device
-            )
-            full["done"] = spec
-            full["terminated"] = spec.clone()
-            return
-        for prefix, names in done_groups(leaves).items():
-            present = (
-                next(n for n in ("done", "terminated", "truncated") if n in names)
-                if any(n in names for n in ("done", "terminated", "truncated"))
-                else None
-            )
-            if present is None:
-                continue
-            template = full[(*prefix, present)]
-            for needed in ("done", "terminated"):
-                if needed not in names:
-                    full[(*prefix, needed)] = template.clone()
 
     # ------------------------------------------------------------------ full specs
     @property
@@ -433,79 +498,9 @@ class EnvSpecsMixin:
     def done_key(self) -> NestedKey:
         return self._single_key("done", self.done_keys)
 
-    # ------------------------------------------------------------------ shape views
-    @property
-    def shape(self) -> torch.Size:
-        """The env's batch size (the seeds' ``env.shape``)."""
-        return self.batch_size
-
-    def _unbatched(self, spec: TensorSpec) -> TensorSpec:
-        """``spec`` for one batch element: its first element along every batch dim."""
-        n = len(self.batch_size)
-        return spec[(0,) * n] if n else spec.clone()
-
-    @property
-    def input_spec_unbatched(self) -> Composite:
-        """``input_spec`` without the batch dims."""
-        return self._unbatched(self.input_spec)  # type: ignore[return-value]
-
-    @property
-    def output_spec_unbatched(self) -> Composite:
-        """``output_spec`` without the batch dims."""
-        return self._unbatched(self.output_spec)  # type: ignore[return-value]
-
-    @property
-    def full_action_spec_unbatched(self) -> Composite:
-        """``full_action_spec`` without the batch dims."""
-        return self._unbatched(self.full_action_spec)  # type: ignore[return-value]
-
-    @property
-    def action_spec_unbatched(self) -> TensorSpec:
-        """``action_spec`` without the batch dims."""
-        return self._unbatched(self.action_spec)
-
-    @property
-    def full_observation_spec_unbatched(self) -> Composite:
-        """``full_observation_spec`` without the batch dims."""
-        return self._unbatched(self.full_observation_spec)  # type: ignore[return-value]
-
-    @property
-    def observation_spec_unbatched(self) -> Composite:
-        """``observation_spec`` without the batch dims."""
-        return self._unbatched(self.observation_spec)  # type: ignore[return-value]
-
-    @property
-    def full_reward_spec_unbatched(self) -> Composite:
-        """``full_reward_spec`` without the batch dims."""
-        return self._unbatched(self.full_reward_spec)  # type: ignore[return-value]
-
-    @property
-    def reward_spec_unbatched(self) -> TensorSpec:
-        """``reward_spec`` without the batch dims."""
-        return self._unbatched(self.reward_spec)
-
-    @property
-    def full_done_spec_unbatched(self) -> Composite:
-        """``full_done_spec`` without the batch dims."""
-        return self._unbatched(self.full_done_spec)  # type: ignore[return-value]
-
-    @property
-    def done_spec_unbatched(self) -> TensorSpec:
-        """``done_spec`` without the batch dims."""
-        return self._unbatched(self.done_spec)
-
-    @property
-    def full_state_spec_unbatched(self) -> Composite:
-        """``full_state_spec`` without the batch dims."""
-        return self._unbatched(self.full_state_spec)  # type: ignore[return-value]
-
 
 def _leaf_keys(spec: Composite) -> list[NestedKey]:
     return [k for k in spec.keys(include_nested=True, leaves_only=True)]
-
-
-def default_reward_spec(batch_size: torch.Size, device: torch.device | None) -> Unbounded:
-    return Unbounded(shape=(*batch_size, 1), device=device)
 
 
 def fake_from_specs(

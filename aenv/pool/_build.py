@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from aenv.envs._common import EnvBase
+from aenv.envs._utils import EnvMetaData
 
-__all__ = ["paused_gc", "share_specs"]
+__all__ = ["env_metadata", "paused_gc", "share_specs"]
 
 # distinct spec sets tried per env: a pool mixes few kinds of envs; beyond that, an env
 # keeps its own specs rather than paying a comparison per kind
@@ -43,3 +45,32 @@ def share_specs(envs: Sequence[EnvBase]) -> None:
     for env in envs:
         if not any(env._share_specs(kind) for kind in kinds) and len(kinds) < _MAX_KINDS:
             kinds.append(env)
+
+
+def env_metadata(envs: Sequence[EnvBase]) -> list[EnvMetaData]:
+    """Each env's :class:`~aenv.envs._utils.EnvMetaData`, one object for the envs that
+    would give equal ones: the same class (with EnvBase's ``repr``), batch size, device and
+    batch lock, holding the same shared spec objects (locked, so never changed in place)."""
+    metas: list[EnvMetaData] = []
+    kinds: dict[tuple[Any, ...], EnvMetaData] = {}
+    for env in envs:
+        cls = type(env)
+        if env._spec_share is None or cls.__repr__ is not EnvBase.__repr__:
+            metas.append(EnvMetaData.metadata_from_env(env))
+            continue
+        d = env.__dict__
+        key = (
+            cls,
+            id(d["output_spec"]),
+            id(d["input_spec"]),
+            env.batch_size,
+            env.device,
+            env.batch_locked,
+        )
+        meta = kinds.get(key)
+        if meta is None:
+            meta = EnvMetaData.metadata_from_env(env)
+            if len(kinds) < _MAX_KINDS:
+                kinds[key] = meta
+        metas.append(meta)
+    return metas

@@ -34,7 +34,7 @@ from tensordict import TensorDictBase, is_leaf_nontensor
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Backend, BatchCall, Done, Failure
-from aenv.pool._build import paused_gc, share_specs
+from aenv.pool._build import env_metadata, paused_gc, share_specs
 from aenv.pool._ops import drive, execute, lean_inline, runs_inline
 from aenv.pool._rows import Rows
 from aenv.pool._stacking import split_inputs
@@ -78,7 +78,7 @@ class CoroutineBackend(Backend):
                             drive(env.aclose())
                 raise
             share_specs(self.envs)
-            return [EnvMetaData.metadata_from_env(env) for env in self.envs]
+            return env_metadata(self.envs)
 
     # ------------------------------------------------------------------ streaming
     def submit(self, env_index: int, op: str, payload: Any) -> None:

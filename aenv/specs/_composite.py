@@ -53,6 +53,8 @@ class Composite(_CompositeShapeMixin, TensorSpec):
     """
 
     _kind = "composite"
+    #: held by several envs: locked for good (see _share_)
+    _shared = False
 
     def __init__(
         self,
@@ -111,12 +113,35 @@ class Composite(_CompositeShapeMixin, TensorSpec):
         return self
 
     def unlock_(self, recurse: bool = True) -> Composite:
-        """Unlocks this composite and (``recurse``) every nested one; returns self."""
+        """Unlocks this composite and (``recurse``) every nested one; returns self.
+
+        Raises:
+            LockedSpecError: the composite is held by several envs at once (see
+                :meth:`_share_`); an env's own, unlocked copy comes from
+                ``env.set_spec_lock_(False)``.
+        """
+        if self._shared:
+            raise LockedSpecError(
+                "cannot unlock this Composite: several envs hold it (envs built alike share "
+                "their specs); call env.set_spec_lock_(False) to give the env its own "
+                "unlocked copy, or clone() it"
+            )
         self._locked = False
         self._cache.clear()
         if recurse:
             for child in self._specs.values():
                 child.unlock_(recurse=True)
+        return self
+
+    def _share_(self) -> Composite:
+        """Lock this composite and every nested one for good: it is held by several envs
+        (or kept as the template of envs to come), so none may change it for the others.
+        Clones are unlocked and not shared. Returns self."""
+        self._locked = True
+        self._shared = True
+        for child in self._specs.values():
+            if isinstance(child, Composite):
+                child._share_()
         return self
 
     def _check_unlocked(self, action: str, key: Any) -> None:

@@ -222,8 +222,19 @@ class StackedComposite(_LazyStackMixin, Composite):
             s.lock_(recurse)
         return self
 
+    def _share_(self) -> StackedComposite:
+        """Locks this stack and every stacked composite for good (see Composite._share_)."""
+        self._locked = True
+        self._shared = True
+        for s in self._stack:
+            s._share_()
+        return self
+
     def unlock_(self, recurse: bool = True) -> StackedComposite:
-        """Unlocks every stacked composite."""
+        """Unlocks every stacked composite (a stack held by several envs refuses, as a
+        :class:`Composite` does)."""
+        if self._shared:
+            Composite.unlock_(self)  # (raises)
         self._locked = False
         self._cache.clear()
         for s in self._stack:

@@ -39,6 +39,10 @@ def stack_specs(specs: Sequence[TensorSpec], dim: int = 0, *, out: Any = None) -
     if not specs:
         raise SpecError("cannot stack an empty list of specs")
     first = specs[0]
+    if all(s is first for s in specs):
+        # n references to one spec (a pool's envs sharing their specs): the same result,
+        # without looking at each reference at every level
+        return _stack_same(first, len(specs), norm_dim(dim, first.ndim, insert=True))
     n_comp = sum(isinstance(s, Composite) for s in specs)
     if n_comp not in (0, len(specs)):
         raise SpecError("cannot stack Composite specs together with leaf specs")
@@ -53,11 +57,34 @@ def stack_specs(specs: Sequence[TensorSpec], dim: int = 0, *, out: Any = None) -
     return Stacked(*specs, dim=d)
 
 
-def _dense_stack(specs: list[TensorSpec], d: int) -> TensorSpec:
+def _stack_same(spec: TensorSpec, n: int, d: int) -> TensorSpec:
+    """``stack_specs([spec] * n, d)``, in a time that does not grow with ``n``."""
+    from ._stacked import Stacked, StackedComposite
+
+    if isinstance(spec, Composite):
+        if type(spec) is Composite:
+            children = {}
+            for key, child in spec._specs.items():
+                stacked = _stack_same(child, n, d)
+                if isinstance(stacked, (Stacked, StackedComposite)):
+                    break
+                children[key] = stacked
+            else:
+                shape = torch.Size((*spec.shape[:d], n, *spec.shape[d:]))
+                return Composite._new_unchecked(children, shape, spec.device, spec._meta)
+        return StackedComposite(*[spec] * n, dim=d)
+    if d <= spec.batch_ndim and spec._stackable_with(spec):
+        return _dense_stack([spec], d, n)
+    return Stacked(*[spec] * n, dim=d)
+
+
+def _dense_stack(specs: list[TensorSpec], d: int, n: int | None = None) -> TensorSpec:
+    """The dense stack of ``specs`` (``n`` references to ``specs[0]`` when ``n`` is given)."""
     first = specs[0]
-    n = len(specs)
+    if n is None:
+        n = len(specs)
     shape = torch.Size((*first.shape[:d], n, *first.shape[d:]))
-    same = all(s == first for s in specs[1:])
+    same = all(s is first or s == first for s in specs[1:])
     new = first._copy_with(shape, lambda t: t.unsqueeze(d).expand(*t.shape[:d], n, *t.shape[d:]))
     if not same:
         for name in first._param_names:

@@ -15,6 +15,16 @@ def _bool_spec(shape: tuple[int, ...]) -> Categorical:
     return Categorical(2, shape=shape, dtype=torch.bool)
 
 
+def _counting_specs(env: EnvBase) -> None:
+    bs = env.batch_size
+    env.observation_spec = Composite(observation=Unbounded((*bs, 1), dtype=torch.float32), shape=bs)
+    env.action_spec = Categorical(2, shape=(*bs, 1))
+    env.reward_spec = Unbounded((*bs, 1))
+    env.full_done_spec = Composite(
+        done=_bool_spec((*bs, 1)), terminated=_bool_spec((*bs, 1)), shape=bs
+    )
+
+
 class CountingEnv(EnvBase):
     """Counts its steps; done once the count reaches ``max_steps``.
 
@@ -42,14 +52,8 @@ class CountingEnv(EnvBase):
         limit = torch.as_tensor(max_steps, dtype=torch.float32)
         self.max_steps = limit.unsqueeze(-1) if limit.ndim else limit
         self.start_val = start_val
-        self.observation_spec = Composite(
-            observation=Unbounded((*bs, 1), dtype=torch.float32), shape=bs
-        )
-        self.action_spec = Categorical(2, shape=(*bs, 1))
-        self.reward_spec = Unbounded((*bs, 1))
-        self.full_done_spec = Composite(
-            done=_bool_spec((*bs, 1)), terminated=_bool_spec((*bs, 1)), shape=bs
-        )
+        # built once per batch size and device, held by every env of it (EnvBase._specs_once)
+        self._specs_once(_counting_specs)
         self.count = torch.full((*bs, 1), start_val, dtype=torch.float32)
         self.seed: int | None = None
 

@@ -28,6 +28,8 @@ __all__ = [
     "latency_ideal_steps",
 ]
 
+_NO_DIMS = torch.Size()
+
 
 class LatencyEnv(EnvBase):
     """An env whose step and reset take time, like a remote tool, an LLM call or a simulator.
@@ -68,19 +70,21 @@ class LatencyEnv(EnvBase):
         self.max_steps = max_steps
         self.reset_latency = reset_latency
         self.obs_dim = obs_dim
-        self._rng = np.random.default_rng(seed)
-        self.observation_spec = Composite(
-            observation=Unbounded((obs_dim,)), latency=Unbounded((1,))
-        )
-        self.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
-        self.reward_spec = Unbounded((1,))
-        self.full_done_spec = Composite(
-            done=Categorical(2, (1,), dtype=torch.bool),
-            terminated=Categorical(2, (1,), dtype=torch.bool),
-            truncated=Categorical(2, (1,), dtype=torch.bool),
-        )
+        # the generator is made on the first draw: a fixed latency never needs one, and
+        # making it is a good part of building one of thousands of envs
+        self._seed = seed
+        self._rng_made: np.random.Generator | None = None
+        # built once per configuration, held by every env of it (see EnvBase._specs_once)
+        self._specs_once(_latency_specs, obs_dim, action_dim)
         self.count = 0
         self.steps_taken = 0
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        rng = self._rng_made
+        if rng is None:
+            rng = self._rng_made = np.random.default_rng(self._seed)
+        return rng
 
     def draw_latency(self) -> float:
         """The next step's latency (seconds)."""
@@ -89,10 +93,11 @@ class LatencyEnv(EnvBase):
         assert self.median is not None
         if self.sigma == 0:
             return float(self.median)
-        return float(self.median * math.exp(self.sigma * self._rng.standard_normal()))
+        rng = self._rng_made if self._rng_made is not None else self._rng
+        return float(self.median * math.exp(self.sigma * rng.standard_normal()))
 
     def _set_seed(self, seed: int | None) -> None:
-        self._rng = np.random.default_rng(seed)
+        self._rng_made = np.random.default_rng(seed)
 
     def _obs(self, lat: float) -> dict[str, torch.Tensor]:
         # torch.full, not torch.tensor([...]): a few µs less per step, which a pool of
@@ -105,8 +110,18 @@ class LatencyEnv(EnvBase):
     async def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         if self.reset_latency:
             await asyncio.sleep(self.reset_latency)
+        return self._reset_out()
+
+    def _reset_out(self) -> TensorDictBase:
         self.count = 0
-        return TensorDict(self._obs(0.0), batch_size=())
+        # (zeros, and no checks: the entries are known to fit; a pool of thousands of
+        # these envs resets them all at once)
+        return TensorDict._new_unsafe(
+            {"observation": torch.zeros(self.obs_dim), "latency": torch.zeros(1)},
+            batch_size=_NO_DIMS,
+            device=None,
+            nested=False,
+        )
 
     def _step_out(self, lat: float) -> TensorDictBase:
         self.count += 1
@@ -125,6 +140,17 @@ class LatencyEnv(EnvBase):
             # asyncio's sleep: the cheapest timer on the loop, as latency envs model waiting
             await asyncio.sleep(lat)
         return self._step_out(lat)
+
+
+def _latency_specs(env: LatencyEnv, obs_dim: int, action_dim: int) -> None:
+    env.observation_spec = Composite(observation=Unbounded((obs_dim,)), latency=Unbounded((1,)))
+    env.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
+    env.reward_spec = Unbounded((1,))
+    env.full_done_spec = Composite(
+        done=Categorical(2, (1,), dtype=torch.bool),
+        terminated=Categorical(2, (1,), dtype=torch.bool),
+        truncated=Categorical(2, (1,), dtype=torch.bool),
+    )
 
 
 def latency_ideal_steps(
@@ -168,8 +194,7 @@ class SyncLatencyEnv(LatencyEnv):
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:  # type: ignore[override]
         if self.reset_latency:
             time.sleep(self.reset_latency)
-        self.count = 0
-        return TensorDict(self._obs(0.0), batch_size=())
+        return self._reset_out()
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:  # type: ignore[override]
         lat = self.draw_latency()
