@@ -13,7 +13,7 @@ import pytest
 
 from aenv.exceptions import SandboxError
 from aenv.llm import SandboxLimits, SubprocessSandbox, live_sandboxes
-from aenv.testing import assert_no_leaked_processes, sandbox_processes
+from aenv.testing import assert_no_leaked_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -155,28 +155,16 @@ async def test_fork_storm_under_a_process_cap_leaves_no_survivors():
     box = SubprocessSandbox(
         SandboxLimits(wall_time_s=2.0, max_processes=cap, max_output_bytes=1 << 20), user=user
     )
-    seen = 0
     with assert_no_leaked_processes():
-        task_result = None
-
-        async def run():
-            nonlocal task_result
-            # every process forks for ever: only the cap bounds the storm
-            task_result = await box.run(
-                ["/bin/sh", "-c", "f() { while :; do f & sleep 0.05; done; }; f"]
-            )
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            with anyio.move_on_after(1.5):
-                while True:  # the storm does grow (bounded by the cap)
-                    seen = max(seen, len(sandbox_processes()))
-                    await anyio.sleep(0.05)
-    # the storm hit the cap; it ends by its wall time or by its first shell giving up (dash
-    # exits when a fork fails): either way its processes were swept, none survives
-    assert task_result is not None and not task_result.ok
-    assert "Cannot fork" in task_result.stderr
-    assert seen > 3
+        # every process forks for ever: only the cap bounds the storm
+        result = await box.run(["/bin/sh", "-c", "f() { while :; do f & sleep 0.05; done; }; f"])
+    # the storm hit the cap (a fork failed: RLIMIT_NPROC); it ended by its wall time or by its
+    # first shell giving up (dash exits when a fork fails): either way its processes were
+    # swept, none survives. (A count of the storm's processes sampled while it ran was also
+    # asserted here; on a loaded machine the samples can miss the peak, so the failed fork is
+    # the evidence the cap bound it.)
+    assert not result.ok
+    assert "Cannot fork" in result.stderr
 
 
 @pytest.mark.timeout(60)
