@@ -112,8 +112,9 @@ def reset_keys_from_done_keys(done_keys: Iterable[NestedKey]) -> list[NestedKey]
     return [_ravel((*p, "_reset")) for p in prefixes]
 
 
-def put(td: TensorDictBase, key: str, value: torch.Tensor) -> None:
-    """``td.set(key, value)`` for a tensor already shaped for ``td`` (a per-step helper).
+def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> None:
+    """``td.set(key, value)`` for a tensor (or TensorDict) already shaped for ``td`` (a
+    per-step helper).
 
     On an unlocked plain :class:`~tensordict.TensorDict` whose batch size the value starts
     with, and whose device (if any) it is on, this writes the entry dict directly; anything

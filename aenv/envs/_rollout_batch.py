@@ -263,8 +263,9 @@ class _BatchRows(_TimeRows):
         """Raise :class:`_Fallback` with a step the rows cannot hold, as the per-step loop
         would have kept it (its input with ``"next"``, and the next input)."""
         if stepped is None:
+            # (a pool's results may be its backend's rows: kept, so copied)
             stepped = inputs.clone()
-            stepped.set("next", nxt)
+            stepped.set("next", nxt.clone())
         next_input = None
         if reset:
             next_input = following

@@ -119,6 +119,7 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDictBase
 
+from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BackendUnavailableError
@@ -182,24 +183,48 @@ class Stacked:
     ``reset_mask`` (a bool tensor, one flag per env; None when no env was reset) marks the
     envs that were done and reset, and the rows of ``reset`` it marks hold their reset
     results (the other rows are meaningless).
+
+    ``owned`` False: ``next`` and ``reset`` are the backend's own rows, valid until its next
+    call writes them; a consumer that keeps them, hands them out or writes to them takes
+    copies (:meth:`own`), one that copies them somewhere (a rollout's time rows, a merge)
+    reads them as they are. A result is copied once, by whoever needs the copy.
     """
 
-    __slots__ = ("next", "reset", "reset_mask")
+    __slots__ = ("copy", "next", "owned", "reset", "reset_mask")
 
     def __init__(
         self,
         nxt: TensorDictBase,
         reset: TensorDictBase | None = None,
         reset_mask: torch.Tensor | None = None,
+        owned: bool = True,
+        copy: Callable[[], TensorDictBase] | None = None,
     ) -> None:
         self.next = nxt
         self.reset = reset
         self.reset_mask = reset_mask
+        self.owned = owned
+        self.copy = copy  # (the rows' own cheaper copy of ``next``, where they have one)
+
+    def own(self) -> Stacked:
+        """This result, its TensorDicts made its own (copied once if they were rows)."""
+        if not self.owned:
+            self.next = self.owned_next()
+            if self.reset is not None:
+                self.reset = fast_clone(self.reset)
+            self.owned = True
+        return self
+
+    def owned_next(self) -> TensorDictBase:
+        """``next`` as a TensorDict of its own (a copy of the rows when they were rows)."""
+        if self.owned:
+            return self.next
+        return fast_clone(self.next) if self.copy is None else self.copy()
 
     def outcomes(self, op: str, indices: Sequence[int]) -> list[Any]:
         """The rows of envs ``indices`` as per-env outcomes (a ``"step"``'s ``next``, a
         ``"step_and_maybe_reset"``'s ``(next, reset | None)``)."""
-        nxt = self.next
+        nxt = self.own().next
         if op != "step_and_maybe_reset":
             return [nxt[i] for i in indices]
         reset, flags = self.reset, self.reset_mask

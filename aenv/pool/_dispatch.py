@@ -488,7 +488,7 @@ class _Dispatcher:
         """A stacked result (every env's step went well) under the fault policy: with
         ``"observe"``, its empty error entries, written once for the whole batch."""
         if self.on_error == "observe":
-            write_error(out.next, None)
+            write_error(out.own().next, None)
         return out
 
     async def _run_generic(

@@ -17,7 +17,8 @@ from tensordict import (
     is_non_tensor,
 )
 
-from aenv._mdp import entry, mask_merge, unravel
+from aenv._mdp import entry, mask_merge, put, unravel
+from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import BatchSizeError, PoolError, SpecError
@@ -322,7 +323,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         if not self._lazy and (mask is None or not self._sub_batch):
             out = await self._run_batch("step", tensordict, indices if partial else None)
             if isinstance(out, Stacked):
-                return self._sat_out(out.next, tensordict, sel, partial)
+                return self._sat_out(out.owned_next(), tensordict, sel, partial)
         if out is None:
             inputs = split_inputs(tensordict, indices, self._step_keys(tensordict), self._sub_batch)
             out = await self._run_ops("step", indices, inputs)
@@ -429,8 +430,10 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         """Record a stacked step's results in ``tensordict`` (under ``"next"``; ``sel``
         flags the envs stepped when not all) and return the next step's input, done envs'
         rows taken from their resets."""
-        nxt = out.next if sel is None else self._sat_out(out.next, tensordict, sel, True)
-        tensordict.set("next", self._stacked_proc_data(nxt, tensordict))
+        nxt = out.owned_next()  # (the reset rows are only read: merging copies them)
+        if sel is not None:
+            nxt = self._sat_out(nxt, tensordict, sel, True)
+        put(tensordict, "next", self._stacked_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
         if out.reset_mask is not None:
             self._merge_resets(next_input, out.reset, out.reset_mask)  # type: ignore[arg-type]
@@ -449,19 +452,22 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         # differs for streamed subsets and lazy pools only)
         return not self._lazy
 
-    def _stacked_proc_data(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+    def _stacked_proc_data(
+        self, nxt: TensorDictBase, td: TensorDictBase, owned: bool = True
+    ) -> TensorDictBase:
         """The pool's ``_step_proc_data`` of stacked sub-env results, skipped where it is
         the identity: every sub-env already completed its own results (missing rewards,
         done flags made consistent level by level), so when the pool's reward and done
         keys are all there and it runs no type checks, completing the stack again would
-        rebuild the same flags."""
+        rebuild the same flags. ``owned`` False: ``nxt`` is a backend's rows (see
+        :class:`~aenv.pool._backend.Stacked`), copied before anything is completed in it."""
         if not self.run_type_checks and type(nxt) is TensorDict:
             entries = nxt._tensordict
             if all(k in entries for k in self.done_keys) and all(
                 k in entries for k in self.reward_keys
             ):
                 return nxt
-        return self._step_proc_data(nxt, td)
+        return self._step_proc_data(nxt if owned else fast_clone(nxt), td)
 
     def _merge_resets(self, td: TensorDictBase, reset: TensorDictBase, mask: torch.Tensor) -> None:
         """:meth:`_write_resets` for stacked reset results: the rows ``mask`` flags (new

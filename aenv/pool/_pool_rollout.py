@@ -67,9 +67,12 @@ class PoolStepper(BatchStepper):
         else:
             out = await pool._run_batch(op, td)
         if isinstance(out, Stacked):
+            # (the rollout copies the results into its time rows: the backend's rows are
+            # read as they are, see Stacked)
+            nxt = pool._stacked_proc_data(out.next, td, out.owned)
             if not reset:
-                return None, pool._step_proc_data(out.next, td), None, None
-            return None, pool._stacked_proc_data(out.next, td), out.reset, out.reset_mask
+                return None, nxt, None, None
+            return None, nxt, out.reset, out.reset_mask
         if out is None:  # (nothing started: the pool's per-env path)
             if not reset:
                 td = await pool.step(td)

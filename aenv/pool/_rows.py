@@ -13,17 +13,18 @@ worker's shared-memory slots (:mod:`aenv.pool._shm`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._rowplan import INPUT_GROUPS, RESET_GROUPS, STEP_GROUPS, plan_rows
 from aenv.pool._backend import Failure, Stacked
 from aenv.pool._ops import drive, lean_inline, runs_inline, step_rows
+from aenv.pool._shm import _copy_all
 
 __all__ = ["Rows"]
 
@@ -44,6 +45,45 @@ def _fill(row: TensorDictBase, keys: frozenset[Any], td: TensorDictBase) -> bool
     for key in keys:
         row.get(key).copy_(td.get(key))
     return True
+
+
+def _copier(td: TensorDictBase) -> Callable[[], TensorDictBase] | None:
+    """A function giving a fresh copy of ``td`` (a plain TensorDict of CPU tensors numpy
+    can view, nested plain TensorDicts allowed) through numpy views made once: a numpy
+    copy and ``torch.from_numpy`` cost about half a tensor ``clone``. None where it does
+    not apply."""
+    if type(td) is not TensorDict or td._has_names():
+        return None
+    parts: list[tuple[str, Any]] = []
+    for key, value in td._tensordict.items():
+        if type(value) is TensorDict:
+            sub = _copier(value)
+            if sub is None:
+                return None
+            parts.append((key, sub))
+        elif type(value) is torch.Tensor and value.is_cpu and not value.requires_grad:
+            try:
+                parts.append((key, value.numpy()))
+            except TypeError:  # (a dtype numpy lacks)
+                return None
+        else:
+            return None
+    batch, device, new, from_numpy = (
+        td.batch_size,
+        td.device,
+        TensorDict._new_unsafe,
+        torch.from_numpy,
+    )
+
+    def copy() -> TensorDictBase:
+        return new(
+            {k: from_numpy(v.copy()) if type(v) is np.ndarray else v() for k, v in parts},
+            batch_size=batch,
+            device=device,
+            nested=False,
+        )
+
+    return copy
 
 
 class Rows:
@@ -72,6 +112,9 @@ class Rows:
             {} if inputs is None else dict(inputs.items())  # type: ignore[arg-type]
         )
         self.input_rows = inputs.unbind(0) if inputs is not None else ()
+        self._flags = np.zeros(n, dtype=np.bool_)  # a step's reset flags, one per env
+        self.copy_next = _copier(self.next)
+        self._bufs = list(self.inputs.values())
         # whether every env wrote its last step into its row itself: rows pay off only
         # then (copying a built TensorDict in costs more than the per-env path's stack)
         self.direct = True
@@ -91,16 +134,17 @@ class Rows:
             if "_step" not in entries or entries.keys() - {"_step"} != bufs.keys():
                 return None
             entries = {k: v for k, v in entries.items() if k != "_step"}
-        for key, value in entries.items():
-            dst = bufs[key]
+        srcs = []
+        for key, dst in bufs.items():
+            value = entries[key]
             if (
                 type(value) is not torch.Tensor
                 or value.shape != dst.shape
                 or value.dtype != dst.dtype
             ):
                 return None
-        for key, value in entries.items():
-            bufs[key].copy_(value)
+            srcs.append(value)
+        _copy_all(self._bufs, srcs)  # (one call for every entry)
         return self.input_rows
 
     def restore_inputs(self) -> None:
@@ -158,8 +202,9 @@ class Rows:
         n = len(envs)
         if indices is None:
             indices = range(n)
-        # (a list: one write to a tensor costs more than a step's whole bookkeeping)
-        reset_flags = [False] * n
+        # (numpy: one write to a tensor costs more than a step's whole bookkeeping)
+        reset_flags = self._flags
+        reset_flags.fill(False)
         any_reset = False
         outcomes: list[Any] = [None] * len(indices)
         whole = True
@@ -190,14 +235,12 @@ class Rows:
                 whole = False
                 outcomes[pos] = Failure(exc)
         if whole:
+            # the rows themselves: a consumer copies what it keeps (see Stacked)
             assert self.next is not None and self.reset is not None
             if not any_reset:
-                return Stacked(fast_clone(self.next))
-            return Stacked(
-                fast_clone(self.next),
-                fast_clone(self.reset),
-                torch.tensor(reset_flags, dtype=torch.bool),
-            )
+                return Stacked(self.next, owned=False, copy=self.copy_next)
+            mask = torch.from_numpy(reset_flags.copy())
+            return Stacked(self.next, self.reset, mask, owned=False, copy=self.copy_next)
         return [_private(o) for o in outcomes]
 
 

@@ -78,6 +78,8 @@ def one_hot_rows(idx: torch.Tensor, n: int, dtype: torch.dtype, device: Any) -> 
     if n > _EYE_MAX_N:
         return torch.nn.functional.one_hot(idx, n).to(dtype)
     eye, rows = _eye(n, dtype, device)
+    if idx.ndim == 1:
+        return eye.index_select(0, idx)  # (a fresh tensor; cheaper than eye[idx])
     if idx.ndim:
         return eye[idx]  # advanced indexing with a >= 1-dim index copies
     if rows is not None and idx.is_cpu:
