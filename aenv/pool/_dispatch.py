@@ -113,6 +113,62 @@ class _Ticket:
 _FAST = _Ticket(-1, "", None, None, -1)
 
 
+class _Ready:
+    """One op's results that came back and were not received yet: in arrival order, and
+    found by env, so a receive for one env (``env_index=``) takes its own without a scan.
+
+    Items are ``(env index, outcome, ticket)``. Each sits in a cell held by both the
+    arrival queue and its env's queue; one taken by env is emptied in place and skipped
+    when the arrival queue reaches it, so every operation costs O(1) (amortised).
+    """
+
+    __slots__ = ("_by_env", "_cells", "_count")
+
+    def __init__(self) -> None:
+        self._cells: deque[list[Any]] = deque()
+        self._by_env: dict[int, deque[list[Any]]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, item: tuple[int, Any, _Ticket]) -> None:
+        cell = [item]
+        self._cells.append(cell)
+        self._by_env.setdefault(item[0], deque()).append(cell)
+        self._count += 1
+
+    def has(self, env: int) -> bool:
+        """Whether a result of env ``env`` is waiting."""
+        return env in self._by_env
+
+    def take(self, env: int) -> tuple[int, Any, _Ticket]:
+        """The oldest waiting result of env ``env`` (see :meth:`has`)."""
+        cells = self._by_env[env]
+        cell = cells.popleft()
+        if not cells:
+            del self._by_env[env]
+        item, cell[0] = cell[0], None
+        self._count -= 1
+        return item  # type: ignore[no-any-return]
+
+    def popleft(self) -> tuple[int, Any, _Ticket]:
+        """The oldest waiting result (the queue is not empty)."""
+        cells = self._cells
+        cell = cells.popleft()
+        while cell[0] is None:  # (taken by env already)
+            cell = cells.popleft()
+        return self.take(cell[0][0])  # (the env's oldest is this one: same order)
+
+    def put_back(self, items: list[tuple[int, Any, _Ticket]]) -> None:
+        """Return ``items`` (taken oldest first, in that order) to the front."""
+        for item in reversed(items):
+            cell = [item]
+            self._cells.appendleft(cell)
+            self._by_env.setdefault(item[0], deque()).appendleft(cell)
+            self._count += 1
+
+
 class _Dispatcher:
     """Mixin of :class:`~aenv.pool.AsyncEnvPool` holding the in-flight state."""
 
@@ -132,7 +188,7 @@ class _Dispatcher:
         self._pumping = False
         self._orphans = 0
         self._orphan_waiter: asyncio.Future[None] | None = None
-        self._ready: dict[str, deque[tuple[int, Any, _Ticket]]] = {op: deque() for op in STREAM_OPS}
+        self._ready: dict[str, _Ready] = {op: _Ready() for op in STREAM_OPS}
         self._streaming = dict.fromkeys(STREAM_OPS, 0)
         # per op: the futures of the receivers waiting, by the env they wait for (None: any)
         self._recv_waiters: dict[str, dict[int | None, list[asyncio.Future[None]]]] = {

@@ -253,7 +253,7 @@ class StreamMixin(_Dispatcher):
         if env_index is not None:
 
             def enough() -> bool:
-                return any(item[0] == env_index for item in ready)
+                return ready.has(env_index)
 
             def lost() -> str | None:
                 t = self._tickets[env_index]
@@ -290,15 +290,13 @@ class StreamMixin(_Dispatcher):
             # background closes of replaced envs) and a cancel lands
             await anyio.lowlevel.checkpoint()
         if env_index is not None:
-            item = next(it for it in ready if it[0] == env_index)
-            ready.remove(item)
-            items = [item]
+            items = [ready.take(env_index)]
         else:
             take = len(ready) if max_get is None else min(max_get, len(ready))
             items = [ready.popleft() for _ in range(take)]
         for k, item in enumerate(items):
             if isinstance(item[1], Failure):
-                ready.extendleft(reversed(items[:k] + items[k + 1 :]))
+                ready.put_back(items[:k] + items[k + 1 :])
                 rows = self.__dict__.get("_stream_rows")
                 if rows is not None:
                     rows.release(item[0], item[2].payload)
