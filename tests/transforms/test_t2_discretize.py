@@ -11,7 +11,7 @@ from aenv.specs import Categorical, MultiCategorical, MultiOneHot, OneHot
 from aenv.testing import NestedCountingEnv
 from aenv.transforms import TransformedEnv
 from aenv.transforms._base import Transform
-from aenv.transforms._t2_exports import ActionDiscretizer
+from aenv.transforms import ActionDiscretizer
 
 
 class _Recorder(Transform):

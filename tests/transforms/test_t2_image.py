@@ -10,7 +10,7 @@ import aenv
 from aenv.envs import EnvBase
 from aenv.specs import Bounded, Categorical, Composite
 from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms._t2_exports import (
+from aenv.transforms import (
     CatFrames,
     CenterCrop,
     Crop,

@@ -10,7 +10,7 @@ import aenv
 from aenv.specs import Bounded
 from aenv.testing import CountingEnv
 from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms._t2_exports import (
+from aenv.transforms import (
     FlattenObservation,
     PermuteTransform,
     SqueezeTransform,
