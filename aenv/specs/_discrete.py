@@ -10,8 +10,8 @@ import torch
 
 from aenv.exceptions import SpecError
 
-from ._base import TensorSpec, full_param
-from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, torch_dtype
+from ._base import TensorSpec, enumerated, full_param
+from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
 
 __all__ = [
     "Categorical",
@@ -220,12 +220,11 @@ class Categorical(_MaskMixin, TensorSpec):
 
         With ``use_mask``, only the values the mask allows (the same mask everywhere).
         """
-        batch = concrete_shape(self.shape)
         vals = torch.arange(self.n, device=self.device)
         if use_mask and self.mask is not None:
             vals = vals[_shared_mask(self.mask)]
         vals = vals.to(self.dtype)
-        return vals.reshape(-1, *(1,) * len(batch)).expand(-1, *batch).clone()
+        return enumerated(vals, self.shape)
 
     def index(self, index: torch.Tensor, tensor_to_index: torch.Tensor) -> torch.Tensor:
         """``tensor_to_index[..., index]`` element-wise (last dim of ``tensor_to_index`` has n)."""
@@ -334,11 +333,10 @@ class OneHot(_MaskMixin, TensorSpec):
 
         With ``use_mask``, only the values the mask allows (the same mask everywhere).
         """
-        batch = concrete_shape(self.shape[:-1])
         eye = torch.eye(self.n, device=self.device).to(self.dtype)
         if use_mask and self.mask is not None:
             eye = eye[_shared_mask(self.mask)]
-        return eye.reshape(-1, *(1,) * len(batch), self.n).expand(-1, *batch, -1).clone()
+        return enumerated(eye, self.shape[:-1])
 
     def index(self, index: torch.Tensor, tensor_to_index: torch.Tensor) -> torch.Tensor:
         """Picks ``tensor_to_index[..., k]`` where ``index`` (one-hot) has its k-th element set."""

@@ -11,7 +11,7 @@ import torch
 
 from aenv.exceptions import SpecError
 
-from ._base import TensorSpec
+from ._base import TensorSpec, enumerated
 from ._discrete import (
     Categorical,
     _first_allowed,
@@ -20,7 +20,7 @@ from ._discrete import (
     _sample_masked,
     one_hot_rows,
 )
-from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, torch_dtype
+from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
 
 __all__ = [
     "MultiCategorical",
@@ -35,6 +35,12 @@ def _parse_nvec(nvec: Any, what: str) -> torch.Tensor:
     if not t.numel() or bool((t <= 0).any()):
         raise SpecError(f"{what}: nvec must be a non-empty list of positive ints, got {nvec!r}")
     return t
+
+
+def _segments(nlist: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each column's block of a last dim that concatenates ``nlist``."""
+    starts = itertools.accumulate([0, *nlist[:-1]])
+    return [(s, s + n) for s, n in zip(starts, nlist)]
 
 
 class MultiCategorical(_MaskMixin, TensorSpec):
@@ -82,8 +88,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
         return self.shape[:-1] + (sum(self._nlist),)
 
     def _segments(self) -> list[tuple[int, int]]:
-        starts = itertools.accumulate([0, *self._nlist[:-1]])
-        return [(s, s + n) for s, n in zip(starts, self._nlist)]
+        return _segments(self._nlist)
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -131,9 +136,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
         combos = torch.tensor(
             list(itertools.product(*(range(n) for n in self._nlist))), device=self.device
         ).to(self.dtype)
-        batch = concrete_shape(self.shape[:-1])
-        k = len(self._nlist)
-        return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
+        return enumerated(combos, self.shape[:-1])
 
     def to_one_hot(self, val: torch.Tensor) -> torch.Tensor:
         """The one-hot (bool) encoding of each column, concatenated on the last dim."""
@@ -187,8 +190,7 @@ class MultiOneHot(TensorSpec):
         super().__init__(shape, device, dtype)
 
     def _segments(self) -> list[tuple[int, int]]:
-        starts = itertools.accumulate([0, *self._nlist[:-1]])
-        return [(s, s + n) for s, n in zip(starts, self._nlist)]
+        return _segments(self._nlist)
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -236,9 +238,7 @@ class MultiOneHot(TensorSpec):
                 )
             )
         combos = torch.stack(rows).to(self.dtype).to(self.device)
-        batch = concrete_shape(self.shape[:-1])
-        k = self.shape[-1]
-        return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
+        return enumerated(combos, self.shape[:-1])
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> Any:
         """Turns a value into a tensor of this spec; category indices (one per segment, on
