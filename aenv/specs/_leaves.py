@@ -374,14 +374,7 @@ class NonTensor(TensorSpec):
         data = NonTensorData(data=self.example_data, batch_size=shape, device=self.device)
         return data.maybe_to_stack() if len(shape) else data
 
-    def _rand(self, shape: torch.Size) -> Any:
-        return self._make(shape)
-
-    def _zero(self, shape: torch.Size) -> Any:
-        return self._make(shape)
-
-    def _one(self, shape: torch.Size) -> Any:
-        return self._make(shape)
+    _rand = _zero = _one = _make
 
     def _check(self, val: Any) -> str | None:
         if isinstance(val, torch.Tensor):
