@@ -232,31 +232,26 @@ class Collector(CollectorState):
         self.traj_counter = TrajCounter()
         self._frames = 0
         self._iter = 0
+        common: dict[str, Any] = dict(
+            frames_per_batch=frames_per_batch,
+            reset_when_done=reset_when_done,
+            use_buffers=use_buffers,
+            set_truncated=set_truncated,
+            traj_counter=self.traj_counter,
+            storing_device=self.storing_device,
+        )
         if self.streaming:
             assert isinstance(env, AsyncEnvPool)
             self._engine: LockstepEngine | StreamingEngine = StreamingEngine(
                 env,
-                frames_per_batch=frames_per_batch,
-                reset_when_done=reset_when_done,
-                use_buffers=use_buffers,
-                set_truncated=set_truncated,
-                traj_counter=self.traj_counter,
-                storing_device=self.storing_device,
+                **common,
                 max_frames_per_traj=self.max_frames_per_traj,
                 min_batch=min_batch,
                 max_wait=max_wait,
                 per_env_policy=per_env_policy,
             )
         else:
-            self._engine = LockstepEngine(
-                env,
-                frames_per_batch=frames_per_batch,
-                reset_when_done=reset_when_done,
-                use_buffers=use_buffers,
-                set_truncated=set_truncated,
-                traj_counter=self.traj_counter,
-                storing_device=self.storing_device,
-            )
+            self._engine = LockstepEngine(env, **common)
         self.frames_per_batch = self._engine.frames_per_batch
         if self.frames_per_batch != frames_per_batch:
             warnings.warn(

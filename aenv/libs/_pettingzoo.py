@@ -192,9 +192,6 @@ class PettingZooWrapper(EnvBase):
         return np.asarray(self._env.render())
 
     # ------------------------------------------------------------------ reading
-    def _agent_values(self, source: Mapping[str, Any], default: Any) -> list[Any]:
-        return [source.get(a, default) for a in self.possible_agents]
-
     def _read(
         self,
         observations: Mapping[str, Any],
