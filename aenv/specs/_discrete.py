@@ -138,7 +138,23 @@ class _MaskMixin:
         self.mask = full
 
 
-class Categorical(_MaskMixin, TensorSpec):
+class _OneOfN(_MaskMixin):
+    """A choice of one of ``n`` values per element (Categorical, OneHot)."""
+
+    n: int
+
+    def _extra_eq(self, other: Any) -> bool:
+        return bool(self.n == other.n)
+
+    def cardinality(self) -> int:
+        """``n``."""
+        return self.n
+
+    def _repr_extra(self) -> str:
+        return f"n={self.n}" + (", masked" if self.mask is not None else "")
+
+
+class Categorical(_OneOfN, TensorSpec):
     """Integer values in ``[0, n)`` (one category index per element; default dtype int64).
 
     Example:
@@ -208,13 +224,6 @@ class Categorical(_MaskMixin, TensorSpec):
             val = torch.where(ok, val, _first_allowed(m))
         return val.to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self.n == other.n)
-
-    def cardinality(self) -> int:
-        """``n``."""
-        return self.n
-
     def enumerate(self, use_mask: bool = False) -> torch.Tensor:
         """``arange(n)`` over a new leading dim, expanded to the spec's shape.
 
@@ -239,14 +248,11 @@ class Categorical(_MaskMixin, TensorSpec):
         """The equivalent :class:`OneHot` spec."""
         return OneHot(self.n, self.shape + (self.n,), device=self.device, mask=self.mask)
 
-    def _repr_extra(self) -> str:
-        return f"n={self.n}" + (", masked" if self.mask is not None else "")
-
 
 DiscreteTensorSpec = Categorical
 
 
-class OneHot(_MaskMixin, TensorSpec):
+class OneHot(_OneOfN, TensorSpec):
     """One-hot values: the last dim has ``n`` elements, exactly one of them set (default bool).
 
     Example:
@@ -321,13 +327,6 @@ class OneHot(_MaskMixin, TensorSpec):
         idx = scores.argmax(-1)
         return torch.nn.functional.one_hot(idx, self.n).to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self.n == other.n)
-
-    def cardinality(self) -> int:
-        """``n``."""
-        return self.n
-
     def enumerate(self, use_mask: bool = False) -> torch.Tensor:
         """The ``n`` one-hot vectors over a new leading dim, expanded to the batch dims.
 
@@ -351,9 +350,6 @@ class OneHot(_MaskMixin, TensorSpec):
     def to_categorical_spec(self) -> Categorical:
         """The equivalent :class:`Categorical` spec."""
         return Categorical(self.n, self.shape[:-1], device=self.device, mask=self.mask)
-
-    def _repr_extra(self) -> str:
-        return f"n={self.n}" + (", masked" if self.mask is not None else "")
 
 
 OneHotDiscreteTensorSpec = OneHot

@@ -43,7 +43,36 @@ def _segments(nlist: list[int]) -> list[tuple[int, int]]:
     return [(s, s + n) for s, n in zip(starts, nlist)]
 
 
-class MultiCategorical(_MaskMixin, TensorSpec):
+class _Multi:
+    """Several discrete values side by side, ``nvec[i]`` choices for the i-th."""
+
+    nvec: torch.Tensor
+    _nlist: list[int]
+
+    def _set_nvec(self, nvec: Any, shape: Any, what: str, last: Any) -> torch.Size:
+        """Set ``nvec``; the spec's shape (``shape``, by default one dim), checked to end
+        with ``last(nvec)`` (``what`` names it)."""
+        name = type(self).__name__
+        self.nvec = _parse_nvec(nvec, name)
+        self._nlist = self.nvec.tolist()
+        size = last(self._nlist)
+        out = torch.Size((size,)) if shape is None else parse_shape(shape)
+        if not len(out) or out[-1] != size:
+            raise SpecError(f"{name}: the last dim of shape {tuple(out)} must be {what}={size}")
+        return out
+
+    def _segments(self) -> list[tuple[int, int]]:
+        return _segments(self._nlist)
+
+    def _extra_eq(self, other: Any) -> bool:
+        return bool(self._nlist == other._nlist)
+
+    def cardinality(self) -> int:
+        """``prod(nvec)``."""
+        return math.prod(self._nlist)
+
+
+class MultiCategorical(_Multi, _MaskMixin, TensorSpec):
     """Several categorical values side by side: element ``i`` of the last dim is in ``[0, nvec[i])``.
 
     Example:
@@ -65,14 +94,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
         dtype: Any = torch.int64,
         mask: Any = None,
     ) -> None:
-        self.nvec = _parse_nvec(nvec, "MultiCategorical")
-        self._nlist = self.nvec.tolist()
-        k = len(self._nlist)
-        shape = (k,) if shape is None else parse_shape(shape)
-        if not len(shape) or shape[-1] != k:
-            raise SpecError(
-                f"MultiCategorical: the last dim of shape {tuple(shape)} must be len(nvec)={k}"
-            )
+        shape = self._set_nvec(nvec, shape, "len(nvec)", len)
         dtype = torch_dtype(dtype)
         Categorical._check_dtype(dtype)
         super().__init__(shape, device, dtype)
@@ -86,9 +108,6 @@ class MultiCategorical(_MaskMixin, TensorSpec):
 
     def _mask_shape(self) -> torch.Size:
         return self.shape[:-1] + (sum(self._nlist),)
-
-    def _segments(self) -> list[tuple[int, int]]:
-        return _segments(self._nlist)
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -124,13 +143,6 @@ class MultiCategorical(_MaskMixin, TensorSpec):
             val = torch.stack(cols, -1)
         return val.to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self._nlist == other._nlist)
-
-    def cardinality(self) -> int:
-        """``prod(nvec)``."""
-        return math.prod(self._nlist)
-
     def enumerate(self) -> torch.Tensor:
         """Every combination over a new leading dim, expanded to the batch dims."""
         combos = torch.tensor(
@@ -156,7 +168,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
 MultiDiscreteTensorSpec = MultiCategorical
 
 
-class MultiOneHot(TensorSpec):
+class MultiOneHot(_Multi, TensorSpec):
     """Several one-hot values concatenated along the last dim (of size ``sum(nvec)``).
 
     Example:
@@ -176,21 +188,11 @@ class MultiOneHot(TensorSpec):
         device: DEVICE_TYPING = None,
         dtype: Any = torch.bool,
     ) -> None:
-        self.nvec = _parse_nvec(nvec, "MultiOneHot")
-        self._nlist = self.nvec.tolist()
-        total = sum(self._nlist)
-        shape = (total,) if shape is None else parse_shape(shape)
-        if not len(shape) or shape[-1] != total:
-            raise SpecError(
-                f"MultiOneHot: the last dim of shape {tuple(shape)} must be sum(nvec)={total}"
-            )
+        shape = self._set_nvec(nvec, shape, "sum(nvec)", sum)
         dtype = torch_dtype(dtype)
         if dtype.is_complex:
             raise SpecError(f"MultiOneHot does not support dtype {dtype}")
         super().__init__(shape, device, dtype)
-
-    def _segments(self) -> list[tuple[int, int]]:
-        return _segments(self._nlist)
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -217,13 +219,6 @@ class MultiOneHot(TensorSpec):
             for a, b in self._segments()
         ]
         return torch.cat(parts, -1).to(self.dtype)
-
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self._nlist == other._nlist)
-
-    def cardinality(self) -> int:
-        """``prod(nvec)``."""
-        return math.prod(self._nlist)
 
     def enumerate(self) -> torch.Tensor:
         """Every combination over a new leading dim, expanded to the batch dims."""

@@ -370,7 +370,7 @@ class Transform(nn.Module):
         """Tell the env holding this transform that its specs must be recomputed."""
         env = self.container
         if env is not None:
-            env._transforms_changed()
+            env.transform_changed()
 
     # ------------------------------------------------------------------ copies
     def clone(self) -> Transform:
