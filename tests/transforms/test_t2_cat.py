@@ -9,8 +9,7 @@ from tensordict import TensorDict
 import aenv
 from aenv.specs import Bounded, Unbounded
 from aenv.testing import CountingEnv, LatencyEnv
-from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms import CatFrames, CatTensors
+from aenv.transforms import CatFrames, CatTensors, Compose, TransformedEnv
 
 
 async def test_cat_tensors_pendulum_keeps_state():

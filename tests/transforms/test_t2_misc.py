@@ -10,7 +10,6 @@ import aenv
 from aenv.envs import EnvBase
 from aenv.specs import Binary, Bounded, Categorical, Composite, Unbounded
 from aenv.testing import CountingEnv
-from aenv.transforms import TransformedEnv
 from aenv.transforms import (
     BinarizeReward,
     ClipTransform,
@@ -18,6 +17,7 @@ from aenv.transforms import (
     RemoveEmptySpecs,
     SignTransform,
     TrajCounter,
+    TransformedEnv,
 )
 
 # ---------------------------------------------------------------------- TrajCounter
