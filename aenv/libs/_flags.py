@@ -1,26 +1,15 @@
-"""What the library wrappers share: their optional import, boolean flags, a level's done flags."""
+"""What the library wrappers share: their optional import, and (from the specs) boolean
+flags and a level's done flags."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-import torch
-
 from aenv.exceptions import BackendUnavailableError
-from aenv.specs import Categorical
+from aenv.specs._utils import done_flags, flag
 
 __all__ = ["done_flags", "flag", "require"]
-
-
-def flag(shape: tuple[int, ...]) -> Categorical:
-    """A boolean flag spec of ``shape`` (a mask, a done flag)."""
-    return Categorical(2, shape=shape, dtype=torch.bool)
-
-
-def done_flags(shape: tuple[int, ...]) -> dict[str, Categorical]:
-    """``done``, ``terminated`` and ``truncated`` flag specs of ``shape``, for one level."""
-    return {k: flag(shape) for k in ("done", "terminated", "truncated")}
 
 
 def require(module: str, needs: str) -> Any:
