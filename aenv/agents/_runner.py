@@ -59,12 +59,42 @@ def _plain(prompt: Mapping[str, Any] | TensorDictBase) -> dict[str, Any]:
 
 
 class EpisodeStream:
-    """The episodes (and groups) of :func:`run_episodes`, as they finish.
+    """Run one coroutine per episode over ``pool``; stream episodes and groups as they end.
 
     Use it as ``async with run_episodes(...) as stream: async for item in stream``. Each
     item is an :class:`Episode` (in finish order) or, right after the episode that
     completes it, its :class:`Group` (``emit`` picks which of the two come). Leaving the
     ``async with`` early cancels the episodes still running (their envs are freed).
+
+    Each prompt (a dict or TensorDict handed to the env's reset) is run ``group_size``
+    times per epoch. An episode takes a free env, resets it with its prompt, and then
+    alternates ``await policy(td)`` (one env's tensordict in, the same with its action
+    out) and ``await pool.step_one(i, td)`` until the env says done or a budget runs out;
+    its env then goes to the next prompt. At most ``max_concurrent_episodes`` (default:
+    the pool's size) run at once.
+
+    Args:
+        pool: any :class:`~aenv.pool.AsyncEnvPool` (coroutine, thread or process backend).
+            With ``on_error="observe"`` a failed env step ends its episode with the error
+            kept (``done_reason="error"``); with ``"raise"`` it does too, and the env is
+            reset by the next episode.
+        policy: an async (or sync) callable on one env's tensordict that sets the action
+            entries (returning the tensordict, or None when it fills it in place), or a
+            :class:`BatchedPolicy` to serve many episodes per call.
+        prompts: a :class:`PromptSource`, or any sequence / iterable of prompts.
+        group_size: episodes per prompt per epoch (a group).
+        max_concurrent_episodes: the concurrency cap.
+        episode_timeout: seconds an episode may run; then it ends with
+            ``done_reason="timeout"`` (its env's work is cancelled and the env freed).
+        max_turns: steps an episode may take; then it ends with ``"max_turns"``.
+        epochs: passes over a sequence of prompts.
+        emit: ``"both"`` (episodes and groups), ``"episodes"`` or ``"groups"``.
+
+    Example:
+        >>> async with run_episodes(pool, policy, prompts, group_size=4) as stream:
+        ...     async for item in stream:
+        ...         if isinstance(item, Group):
+        ...             train_on(item.episodes, item.advantages())
     """
 
     def __init__(
@@ -246,61 +276,8 @@ class EpisodeStream:
                 )
 
 
-def run_episodes(
-    pool: AsyncEnvPool,
-    policy: Policy,
-    prompts: Prompts,
-    *,
-    group_size: int = 1,
-    max_concurrent_episodes: int | None = None,
-    episode_timeout: float | None = None,
-    max_turns: int | None = None,
-    epochs: int = 1,
-    emit: str = "both",
-) -> EpisodeStream:
-    """Run one coroutine per episode over ``pool``; stream episodes and groups as they end.
-
-    Each prompt (a dict or TensorDict handed to the env's reset) is run ``group_size``
-    times per epoch. An episode takes a free env, resets it with its prompt, and then
-    alternates ``await policy(td)`` (one env's tensordict in, the same with its action
-    out) and ``await pool.step_one(i, td)`` until the env says done or a budget runs out;
-    its env then goes to the next prompt. At most ``max_concurrent_episodes`` (default:
-    the pool's size) run at once.
-
-    Args:
-        pool: any :class:`~aenv.pool.AsyncEnvPool` (coroutine, thread or process backend).
-            With ``on_error="observe"`` a failed env step ends its episode with the error
-            kept (``done_reason="error"``); with ``"raise"`` it does too, and the env is
-            reset by the next episode.
-        policy: an async (or sync) callable on one env's tensordict that sets the action
-            entries (returning the tensordict, or None when it fills it in place), or a
-            :class:`BatchedPolicy` to serve many episodes per call.
-        prompts: a :class:`PromptSource`, or any sequence / iterable of prompts.
-        group_size: episodes per prompt per epoch (a group).
-        max_concurrent_episodes: the concurrency cap.
-        episode_timeout: seconds an episode may run; then it ends with
-            ``done_reason="timeout"`` (its env's work is cancelled and the env freed).
-        max_turns: steps an episode may take; then it ends with ``"max_turns"``.
-        epochs: passes over a sequence of prompts.
-        emit: ``"both"`` (episodes and groups), ``"episodes"`` or ``"groups"``.
-
-    Example:
-        >>> async with run_episodes(pool, policy, prompts, group_size=4) as stream:
-        ...     async for item in stream:
-        ...         if isinstance(item, Group):
-        ...             train_on(item.episodes, item.advantages())
-    """
-    return EpisodeStream(
-        pool,
-        policy,
-        prompts,
-        group_size=group_size,
-        max_concurrent_episodes=max_concurrent_episodes,
-        episode_timeout=episode_timeout,
-        max_turns=max_turns,
-        epochs=epochs,
-        emit=emit,
-    )
+#: the runner's function name: ``run_episodes(pool, policy, prompts, ...)`` builds the stream
+run_episodes = EpisodeStream
 
 
 @dataclasses.dataclass

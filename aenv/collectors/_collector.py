@@ -29,18 +29,11 @@ from aenv.envs._common import EnvBase
 from aenv.envs._rollout import call_policy
 from aenv.envs._utils import ExplorationType, set_exploration_type
 from aenv.pool import AsyncEnvPool
+from aenv.specs._shape import to_device
 
 __all__ = ["Collector"]
 
 DeviceLike = torch.device | str | int | None
-
-
-def _device(dev: DeviceLike) -> torch.device | None:
-    if dev is None:
-        return None
-    if isinstance(dev, int):
-        return torch.device("cuda", dev)
-    return torch.device(dev)
 
 
 def _has_dynamic_specs(env: EnvBase) -> bool:
@@ -173,9 +166,9 @@ class Collector(CollectorState):
             )
         self.requested_frames_per_batch = frames_per_batch
         self.total_frames = total_frames
-        self.storing_device = _device(storing_device if storing_device is not None else device)
-        self.policy_device = _device(policy_device if policy_device is not None else device)
-        self.env_device = _device(env_device if env_device is not None else device)
+        self.storing_device = to_device(storing_device if storing_device is not None else device)
+        self.policy_device = to_device(policy_device if policy_device is not None else device)
+        self.env_device = to_device(env_device if env_device is not None else device)
         self.max_frames_per_traj = (
             max_frames_per_traj if max_frames_per_traj and max_frames_per_traj > 0 else None
         )
@@ -232,31 +225,26 @@ class Collector(CollectorState):
         self.traj_counter = TrajCounter()
         self._frames = 0
         self._iter = 0
+        common: dict[str, Any] = dict(
+            frames_per_batch=frames_per_batch,
+            reset_when_done=reset_when_done,
+            use_buffers=use_buffers,
+            set_truncated=set_truncated,
+            traj_counter=self.traj_counter,
+            storing_device=self.storing_device,
+        )
         if self.streaming:
             assert isinstance(env, AsyncEnvPool)
             self._engine: LockstepEngine | StreamingEngine = StreamingEngine(
                 env,
-                frames_per_batch=frames_per_batch,
-                reset_when_done=reset_when_done,
-                use_buffers=use_buffers,
-                set_truncated=set_truncated,
-                traj_counter=self.traj_counter,
-                storing_device=self.storing_device,
+                **common,
                 max_frames_per_traj=self.max_frames_per_traj,
                 min_batch=min_batch,
                 max_wait=max_wait,
                 per_env_policy=per_env_policy,
             )
         else:
-            self._engine = LockstepEngine(
-                env,
-                frames_per_batch=frames_per_batch,
-                reset_when_done=reset_when_done,
-                use_buffers=use_buffers,
-                set_truncated=set_truncated,
-                traj_counter=self.traj_counter,
-                storing_device=self.storing_device,
-            )
+            self._engine = LockstepEngine(env, **common)
         self.frames_per_batch = self._engine.frames_per_batch
         if self.frames_per_batch != frames_per_batch:
             warnings.warn(

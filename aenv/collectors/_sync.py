@@ -5,16 +5,14 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict import TensorDictBase
 
-from aenv.collectors._collector import Collector, DeviceLike
+from aenv.collectors._collector import Collector
 from aenv.collectors._progress import make_progress
 from aenv.collectors._trajs import OutOfFrames
-from aenv.collectors._utils import Interruptor
-from aenv.envs._utils import ExplorationType
 from aenv.sync._runner import Runner, get_runner
 
 __all__ = ["SyncDataCollector"]
@@ -24,9 +22,10 @@ class SyncDataCollector:
     """The seeds' ``SyncDataCollector``: iterate batches from sync code.
 
     A facade over :class:`~aenv.collectors.Collector` (same arguments, same meaning, plus
-    ``runner``: the loop runner to use); every batch is one call through aenv's loop
-    runner. It collects in lockstep unless ``streaming=True`` is passed (with a pool), so
-    batches are ``[*env.batch_size, T]`` as in the seeds.
+    ``runner``: the loop runner to use; the keyword arguments go to the collector as they
+    are); every batch is one call through aenv's loop runner. It collects in lockstep
+    unless ``streaming=True`` is passed (with a pool), so batches are ``[*env.batch_size,
+    T]`` as in the seeds.
 
     Example:
         >>> from aenv import GymEnv
@@ -47,40 +46,11 @@ class SyncDataCollector:
         create_env_fn: Any,
         policy: Callable[..., Any] | None = None,
         *,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        device: DeviceLike = None,
-        storing_device: DeviceLike = None,
-        policy_device: DeviceLike = None,
-        env_device: DeviceLike = None,
-        create_env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = None,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool | None = None,
-        exploration_type: ExplorationType = ExplorationType.RANDOM,
-        return_same_td: bool = False,
-        reset_when_done: bool = True,
-        interruptor: Interruptor | None = None,
-        set_truncated: bool = False,
-        use_buffers: bool | None = None,
-        replay_buffer: Any = None,
-        trust_policy: bool | None = None,
-        compile_policy: bool | dict[str, Any] | None = None,
-        cudagraph_policy: bool | dict[str, Any] | None = None,
-        streaming: bool = False,
-        min_batch: int = 1,
-        max_wait: float | None = None,
-        progress: bool | str = False,
-        trajs_per_batch: int | None = None,
-        traj_format: str | None = None,
-        no_grad: bool = True,
         runner: Runner | None = None,
+        **kwargs: Any,
     ) -> None:
-        kwargs = dict(locals())
-        for name in ("self", "__class__", "create_env_fn", "policy", "runner"):
-            kwargs.pop(name, None)
+        # Collector's keyword arguments, as they are, but lockstep unless asked
+        kwargs.setdefault("streaming", False)
         self.__dict__["_runner"] = runner
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -13,7 +13,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.exceptions import BackendUnavailableError
-from aenv.libs._flags import done_flags
+from aenv.libs._flags import done_flags, require
 from aenv.specs import Bounded, Categorical, Composite, TensorSpec, Unbounded
 from aenv.specs._numpy import from_numpy_fn, to_numpy_fn
 
@@ -21,13 +21,7 @@ __all__ = ["DMControlEnv", "DMControlWrapper", "from_dm_env_spec"]
 
 
 def _dm_env() -> Any:
-    try:
-        import dm_env
-    except ImportError:
-        raise BackendUnavailableError(
-            "DMControlWrapper needs dm_control: pip install 'aenv[dmcontrol]'"
-        ) from None
-    return dm_env
+    return require("dm_env", "DMControlWrapper needs dm_control: pip install 'aenv[dmcontrol]'")
 
 
 def _suite() -> Any:

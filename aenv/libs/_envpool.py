@@ -10,20 +10,16 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
-from aenv.exceptions import BackendUnavailableError
+from aenv.libs._flags import require
 from aenv.specs import Categorical, Composite, OneHot, from_gym_space
 
 __all__ = ["MultiThreadedEnv", "MultiThreadedEnvWrapper"]
 
 
 def _envpool() -> Any:
-    try:
-        import envpool
-    except ImportError:
-        raise BackendUnavailableError(
-            "MultiThreadedEnv needs EnvPool: pip install envpool (or aenv[envpool])"
-        ) from None
-    return envpool
+    return require(
+        "envpool", "MultiThreadedEnv needs EnvPool: pip install envpool (or aenv[envpool])"
+    )
 
 
 class MultiThreadedEnvWrapper(EnvBase):

@@ -1,19 +1,21 @@
-"""Spec helpers the library wrappers share: boolean flags, and a level's done flags."""
+"""What the library wrappers share: their optional import, and (from the specs) boolean
+flags and a level's done flags."""
 
 from __future__ import annotations
 
-import torch
+import importlib
+from typing import Any
 
-from aenv.specs import Categorical
+from aenv.exceptions import BackendUnavailableError
+from aenv.specs._utils import done_flags, flag
 
-__all__ = ["done_flags", "flag"]
-
-
-def flag(shape: tuple[int, ...]) -> Categorical:
-    """A boolean flag spec of ``shape`` (a mask, a done flag)."""
-    return Categorical(2, shape=shape, dtype=torch.bool)
+__all__ = ["done_flags", "flag", "require"]
 
 
-def done_flags(shape: tuple[int, ...]) -> dict[str, Categorical]:
-    """``done``, ``terminated`` and ``truncated`` flag specs of ``shape``, for one level."""
-    return {k: flag(shape) for k in ("done", "terminated", "truncated")}
+def require(module: str, needs: str) -> Any:
+    """The optional library ``module``, imported; else :class:`BackendUnavailableError`
+    saying that ``needs`` (what needs it, and how to install it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise BackendUnavailableError(needs) from None

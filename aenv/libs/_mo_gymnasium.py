@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aenv.exceptions import BackendUnavailableError
+from aenv.libs._flags import require
 from aenv.libs._gym_env import GymEnv, GymWrapper
 from aenv.specs import Bounded, Unbounded
 
@@ -15,13 +15,7 @@ __all__ = ["MOGymEnv", "MOGymWrapper"]
 
 
 def _mo_gymnasium() -> Any:
-    try:
-        import mo_gymnasium
-    except ImportError:
-        raise BackendUnavailableError(
-            "MOGymEnv needs MO-Gymnasium: pip install 'aenv[mo-gymnasium]'"
-        ) from None
-    return mo_gymnasium
+    return require("mo_gymnasium", "MOGymEnv needs MO-Gymnasium: pip install 'aenv[mo-gymnasium]'")
 
 
 class MOGymWrapper(GymWrapper):

@@ -12,21 +12,15 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
-from aenv.exceptions import BackendUnavailableError, SpecViolationError
-from aenv.libs._flags import done_flags, flag
+from aenv.exceptions import SpecViolationError
+from aenv.libs._flags import done_flags, flag, require
 from aenv.specs import Binary, Categorical, Composite, Unbounded
 
 __all__ = ["OpenSpielEnv", "OpenSpielWrapper", "sample_chance"]
 
 
 def _pyspiel() -> Any:
-    try:
-        import pyspiel
-    except ImportError:
-        raise BackendUnavailableError(
-            "OpenSpielWrapper needs OpenSpiel: pip install 'aenv[openspiel]'"
-        ) from None
-    return pyspiel
+    return require("pyspiel", "OpenSpielWrapper needs OpenSpiel: pip install 'aenv[openspiel]'")
 
 
 def sample_chance(state: Any, rng: np.random.Generator) -> int:

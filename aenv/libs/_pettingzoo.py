@@ -12,8 +12,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
-from aenv.exceptions import BackendUnavailableError, SpecViolationError
-from aenv.libs._flags import done_flags, flag
+from aenv.exceptions import SpecViolationError
+from aenv.libs._flags import done_flags, flag, require
 from aenv.specs import (
     Binary,
     Bounded,
@@ -28,13 +28,9 @@ __all__ = ["PettingZooEnv", "PettingZooWrapper"]
 
 
 def _pettingzoo() -> Any:
-    try:
-        import pettingzoo
-    except ImportError:
-        raise BackendUnavailableError(
-            "PettingZooWrapper needs PettingZoo: pip install 'aenv[pettingzoo]'"
-        ) from None
-    return pettingzoo
+    return require(
+        "pettingzoo", "PettingZooWrapper needs PettingZoo: pip install 'aenv[pettingzoo]'"
+    )
 
 
 class _Group:
@@ -196,9 +192,6 @@ class PettingZooWrapper(EnvBase):
         return np.asarray(self._env.render())
 
     # ------------------------------------------------------------------ reading
-    def _agent_values(self, source: Mapping[str, Any], default: Any) -> list[Any]:
-        return [source.get(a, default) for a in self.possible_agents]
-
     def _read(
         self,
         observations: Mapping[str, Any],

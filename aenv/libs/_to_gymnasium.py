@@ -126,7 +126,23 @@ def _flag(td: TensorDictBase, key: str) -> torch.Tensor | None:
 
 
 class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
-    """A single aenv env (batch size ``()``) as a ``gymnasium.Env``; see :func:`to_gymnasium`."""
+    """An aenv env of batch size ``()`` (or a :class:`~aenv.sync.SyncEnv` facade over one)
+    as a ``gymnasium.Env``.
+
+    Spaces come from the specs (:func:`aenv.specs.to_gym_space`): one ``"observation"`` key
+    gives its space, several give a ``Dict``; text (non-tensor) observations give ``Text``,
+    and spaces gymnasium values cannot be tensors of (``Sequence``, ``Graph``, ``OneOf``)
+    come back as they went in. Observations are numpy arrays of the space's dtype;
+    ``reset(seed=s)`` seeds the env with ``set_seed(s)`` first; ``reset(options=...)`` passes
+    the options to the env's reset. The non-tensor entry ``info_key`` (what
+    :class:`~aenv.libs.gym.InfoAsEntry` keeps) is the ``info`` dict; without it, ``info`` is
+    ``{}``. Each call runs through the loop runner (``runner``, the facade's, or the default).
+
+    Example:
+        >>> genv = to_gymnasium(GymEnv("CartPole-v1"))
+        >>> obs, info = genv.reset(seed=0)
+        >>> obs, reward, terminated, truncated, info = genv.step(genv.action_space.sample())
+    """
 
     def __init__(
         self, env: EnvBase, *, runner: Runner | None = None, info_key: str = "info"
@@ -246,24 +262,5 @@ class AenvGymnasiumEnv(gymnasium.Env):  # type: ignore[type-arg]
             self.runner.run(self.env.aclose)
 
 
-def to_gymnasium(
-    env: EnvBase, *, runner: Runner | None = None, info_key: str = "info"
-) -> AenvGymnasiumEnv:
-    """An aenv env of batch size ``()`` (or a :class:`~aenv.sync.SyncEnv` facade over one)
-    as a ``gymnasium.Env``.
-
-    Spaces come from the specs (:func:`aenv.specs.to_gym_space`): one ``"observation"`` key
-    gives its space, several give a ``Dict``; text (non-tensor) observations give ``Text``,
-    and spaces gymnasium values cannot be tensors of (``Sequence``, ``Graph``, ``OneOf``)
-    come back as they went in. Observations are numpy arrays of the space's dtype;
-    ``reset(seed=s)`` seeds the env with ``set_seed(s)`` first; ``reset(options=...)`` passes
-    the options to the env's reset. The non-tensor entry ``info_key`` (what
-    :class:`~aenv.libs.gym.InfoAsEntry` keeps) is the ``info`` dict; without it, ``info`` is
-    ``{}``. Each call runs through the loop runner (``runner``, the facade's, or the default).
-
-    Example:
-        >>> genv = to_gymnasium(GymEnv("CartPole-v1"))
-        >>> obs, info = genv.reset(seed=0)
-        >>> obs, reward, terminated, truncated, info = genv.step(genv.action_space.sample())
-    """
-    return AenvGymnasiumEnv(env, runner=runner, info_key=info_key)
+#: the bridge's function name: ``to_gymnasium(env, ...)`` builds the gymnasium env
+to_gymnasium = AenvGymnasiumEnv

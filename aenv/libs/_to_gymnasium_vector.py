@@ -19,7 +19,6 @@ gymnasium's vector API on aenv's done / ``"_reset"`` semantics:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +52,7 @@ from aenv.libs._to_gymnasium import Codec, fresh, unwrap_facade
 from aenv.specs import to_gym_space
 from aenv.sync import Runner, get_runner
 
-__all__ = ["AenvGymnasiumVectorEnv", "make_gymnasium_vector", "to_gymnasium_vector"]
+__all__ = ["AenvGymnasiumVectorEnv", "to_gymnasium_vector"]
 
 _MODES = {
     NEXT_STEP: AutoresetMode.NEXT_STEP,
@@ -63,8 +62,25 @@ _MODES = {
 
 
 class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
-    """A batched aenv env (batch size ``(n,)``) as a gymnasium ``VectorEnv``; see
-    :func:`to_gymnasium_vector`."""
+    """A batched aenv env or pool (batch size ``(n,)``), or a sync facade over one
+    (``SerialEnv``, ``ParallelEnv``), as a gymnasium ``VectorEnv``.
+
+    Args:
+        env: the env.
+        runner: the loop runner (default: the facade's, else the process-wide one).
+        autoreset_mode: gymnasium's ``AutoresetMode`` (or its name): ``NEXT_STEP`` (default),
+            ``SAME_STEP`` or ``DISABLED``; see :mod:`aenv.libs._to_gymnasium_vector`.
+        observation_mode: ``"same"`` (the sub-envs' observation spaces must be equal) or
+            ``"different"`` (spaces with equal shapes and dtypes, batched as they are).
+        info_key: the non-tensor entry holding each sub-env's info dict (see
+            :class:`~aenv.libs.gym.InfoAsEntry`); its dicts come back aggregated as
+            gymnasium's vector envs give them (``info[k]`` an array, ``info["_k"]`` its mask).
+
+    Example:
+        >>> venv = to_gymnasium_vector(GymEnv("CartPole-v1", num_envs=4))
+        >>> obs, info = venv.reset(seed=0)
+        >>> obs, rewards, terms, truncs, info = venv.step(venv.action_space.sample())
+    """
 
     def __init__(
         self,
@@ -193,12 +209,9 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             mask = None  # nothing to keep yet: every sub-env starts
         td = self._run_envs(self._areset, seed, seeds, mask, options or None)
         self._td = td
-        if mask is None:
-            self._autoreset[:] = False
-            self._dones[:] = False
-        else:
-            self._autoreset[mask] = False
-            self._dones[mask] = False
+        started = slice(None) if mask is None else mask
+        self._autoreset[started] = False
+        self._dones[started] = False
         infos: dict[str, Any] = {}
         per_env = self._codec.infos(td, n)
         for i in range(n) if mask is None else np.flatnonzero(mask):
@@ -392,9 +405,6 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
             raise original  # noqa: B904 - the PoolError becomes its __context__
 
     # ------------------------------------------------------------------ sub-env access
-    def _pool_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self.runner.run(fn, *args, **kwargs)
-
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every sub-env (or read it, when it is not callable)."""
         env = self.env
@@ -404,7 +414,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
                 raise AttributeError(f"{type(env).__name__} has no sub-envs to call {name!r} on")
             return tuple(fn(name, *args, **kwargs))
         try:
-            return tuple(self._pool_call(env.call, name, *args, **kwargs))  # type: ignore[attr-defined]
+            return tuple(self.runner.run(env.call, name, *args, **kwargs))  # type: ignore[attr-defined]
         except PoolError as exc:
             if all(isinstance(cause(e), TypeError) for e in exc.errors.values()):
                 return self.get_attr(name)  # an attribute, not a method
@@ -419,7 +429,7 @@ class AenvGymnasiumVectorEnv(VectorEnv):  # type: ignore[type-arg]
                 return (getattr(env, name),) * self.num_envs
             return tuple(fn(name))
         try:
-            return tuple(self._pool_call(env.get_attr, name))  # type: ignore[attr-defined]
+            return tuple(self.runner.run(env.get_attr, name))  # type: ignore[attr-defined]
         except PoolError as exc:
             if all(isinstance(cause(e), AttributeError) for e in exc.errors.values()):
                 raise AttributeError(f"the sub-envs have no attribute {name!r}") from exc
@@ -481,96 +491,5 @@ def _flags(td: TensorDictBase, key: str, n: int, dtype: Any = None) -> np.ndarra
     return out.astype(dtype) if dtype is not None else out.copy()
 
 
-def to_gymnasium_vector(
-    env: EnvBase,
-    *,
-    runner: Runner | None = None,
-    autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
-    observation_mode: str | tuple[Any, Any] = "same",
-    info_key: str = "info",
-) -> AenvGymnasiumVectorEnv:
-    """A batched aenv env or pool (batch size ``(n,)``), or a sync facade over one
-    (``SerialEnv``, ``ParallelEnv``), as a gymnasium ``VectorEnv``.
-
-    Args:
-        env: the env.
-        runner: the loop runner (default: the facade's, else the process-wide one).
-        autoreset_mode: gymnasium's ``AutoresetMode`` (or its name): ``NEXT_STEP`` (default),
-            ``SAME_STEP`` or ``DISABLED``; see :mod:`aenv.libs._to_gymnasium_vector`.
-        observation_mode: ``"same"`` (the sub-envs' observation spaces must be equal) or
-            ``"different"`` (spaces with equal shapes and dtypes, batched as they are).
-        info_key: the non-tensor entry holding each sub-env's info dict (see
-            :class:`~aenv.libs.gym.InfoAsEntry`); its dicts come back aggregated as
-            gymnasium's vector envs give them (``info[k]`` an array, ``info["_k"]`` its mask).
-
-    Example:
-        >>> venv = to_gymnasium_vector(GymEnv("CartPole-v1", num_envs=4))
-        >>> obs, info = venv.reset(seed=0)
-        >>> obs, rewards, terms, truncs, info = venv.step(venv.action_space.sample())
-    """
-    return AenvGymnasiumVectorEnv(
-        env,
-        runner=runner,
-        autoreset_mode=autoreset_mode,
-        observation_mode=observation_mode,
-        info_key=info_key,
-    )
-
-
-def _wrapped(make: Callable[[], Any], categorical: bool, infos: bool) -> EnvBase:
-    """A gymnasium env from ``make`` as an aenv env (built where the pool places it)."""
-    from aenv.libs._gym_env import GymWrapper
-    from aenv.libs._gym_info import InfoAsEntry
-
-    # (float64 rewards: gymnasium's python floats kept exact, as its vector envs keep them)
-    env = GymWrapper(make(), categorical_action_encoding=categorical, reward_dtype=torch.float64)
-    if infos:
-        env.set_info_dict_reader(InfoAsEntry())
-    return env
-
-
-def make_gymnasium_vector(
-    env_fns: Sequence[Callable[[], Any]],
-    *,
-    backend: str = "coroutine",
-    autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
-    observation_mode: str | tuple[Any, Any] = "same",
-    keep_infos: bool = True,
-    runner: Runner | None = None,
-    **pool_kwargs: Any,
-) -> AenvGymnasiumVectorEnv:
-    """Gymnasium env factories as one gymnasium ``VectorEnv`` run by an aenv pool: a
-    stand-in for ``SyncVectorEnv(env_fns)`` / ``AsyncVectorEnv(env_fns)``.
-
-    Each env is wrapped with :class:`~aenv.libs.gym.GymWrapper` (Discrete values as
-    indices), its info dicts kept whole (``keep_infos``, :class:`~aenv.libs.gym.InfoAsEntry`),
-    in an :class:`~aenv.pool.AsyncEnvPool` of ``backend`` (``"coroutine"``, ``"thread"``,
-    ``"process"``; ``pool_kwargs`` go to the pool), bridged by :func:`to_gymnasium_vector`.
-
-    Raises:
-        SpaceMismatchError: the envs' spaces differ in shape or type (the pool cannot stack
-            them), or, with ``observation_mode="same"``, in bounds.
-
-    Example:
-        >>> envs = make_gymnasium_vector([lambda: gymnasium.make("CartPole-v1")] * 4)
-        >>> obs, info = envs.reset(seed=0)
-        >>> obs, rewards, terms, truncs, info = envs.step(envs.action_space.sample())
-    """
-    from aenv.exceptions import SpecError
-    from aenv.pool import AsyncEnvPool
-
-    # indices for Discrete actions: what gymnasium's vector envs take
-    fns = [functools.partial(_wrapped, fn, True, keep_infos) for fn in env_fns]
-    try:
-        pool = AsyncEnvPool(fns, backend=backend, **pool_kwargs)
-    except SpecError as exc:
-        raise SpaceMismatchError(
-            f"the {len(fns)} envs' spaces cannot be batched into one vector env: {exc}"
-        ) from exc
-    try:
-        return AenvGymnasiumVectorEnv(
-            pool, runner=runner, autoreset_mode=autoreset_mode, observation_mode=observation_mode
-        )
-    except BaseException:
-        (runner or get_runner()).run(pool.aclose)
-        raise
+#: the bridge's function name: ``to_gymnasium_vector(env, ...)`` builds the vector env
+to_gymnasium_vector = AenvGymnasiumVectorEnv

@@ -19,12 +19,9 @@ from aenv.envs._gymlike import (
 from aenv.libs._gym_backend import gym_backend, set_gym_backend
 from aenv.libs._gym_env import GymEnv, GymWrapper
 from aenv.libs._gym_info import InfoAsEntry
+from aenv.libs._make_gymnasium_vector import make_gymnasium_vector
 from aenv.libs._to_gymnasium import AenvGymnasiumEnv, to_gymnasium
-from aenv.libs._to_gymnasium_vector import (
-    AenvGymnasiumVectorEnv,
-    make_gymnasium_vector,
-    to_gymnasium_vector,
-)
+from aenv.libs._to_gymnasium_vector import AenvGymnasiumVectorEnv, to_gymnasium_vector
 
 __all__ = [
     "AenvGymnasiumEnv",

@@ -489,3 +489,11 @@ def full_param(val: Any, shape: torch.Size, dtype: torch.dtype, device: Any) -> 
         raise SpecError(
             f"cannot broadcast a tensor of shape {tuple(t.shape)} to {tuple(shape)}"
         ) from exc
+
+
+def enumerated(values: torch.Tensor, batch: torch.Size) -> torch.Tensor:
+    """What ``enumerate()`` returns: ``values`` (every possible value of one element, along
+    the first dim) repeated over the spec's ``batch`` dims (dynamic dims as 1), a fresh tensor."""
+    batch = concrete_shape(batch)
+    event = values.shape[1:]
+    return values.reshape(-1, *(1,) * len(batch), *event).expand(-1, *batch, *event).clone()

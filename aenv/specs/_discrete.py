@@ -10,8 +10,8 @@ import torch
 
 from aenv.exceptions import SpecError
 
-from ._base import TensorSpec, full_param
-from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, torch_dtype
+from ._base import TensorSpec, enumerated, full_param
+from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
 
 __all__ = [
     "Categorical",
@@ -140,7 +140,23 @@ class _MaskMixin:
         self.mask = full
 
 
-class Categorical(_MaskMixin, TensorSpec):
+class _OneOfN(_MaskMixin):
+    """A choice of one of ``n`` values per element (Categorical, OneHot)."""
+
+    n: int
+
+    def _extra_eq(self, other: Any) -> bool:
+        return bool(self.n == other.n)
+
+    def cardinality(self) -> int:
+        """``n``."""
+        return self.n
+
+    def _repr_extra(self) -> str:
+        return f"n={self.n}" + (", masked" if self.mask is not None else "")
+
+
+class Categorical(_OneOfN, TensorSpec):
     """Integer values in ``[0, n)`` (one category index per element; default dtype int64).
 
     Example:
@@ -210,24 +226,16 @@ class Categorical(_MaskMixin, TensorSpec):
             val = torch.where(ok, val, _first_allowed(m))
         return val.to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self.n == other.n)
-
-    def cardinality(self) -> int:
-        """``n``."""
-        return self.n
-
     def enumerate(self, use_mask: bool = False) -> torch.Tensor:
         """``arange(n)`` over a new leading dim, expanded to the spec's shape.
 
         With ``use_mask``, only the values the mask allows (the same mask everywhere).
         """
-        batch = concrete_shape(self.shape)
         vals = torch.arange(self.n, device=self.device)
         if use_mask and self.mask is not None:
             vals = vals[_shared_mask(self.mask)]
         vals = vals.to(self.dtype)
-        return vals.reshape(-1, *(1,) * len(batch)).expand(-1, *batch).clone()
+        return enumerated(vals, self.shape)
 
     def index(self, index: torch.Tensor, tensor_to_index: torch.Tensor) -> torch.Tensor:
         """``tensor_to_index[..., index]`` element-wise (last dim of ``tensor_to_index`` has n)."""
@@ -242,14 +250,11 @@ class Categorical(_MaskMixin, TensorSpec):
         """The equivalent :class:`OneHot` spec."""
         return OneHot(self.n, self.shape + (self.n,), device=self.device, mask=self.mask)
 
-    def _repr_extra(self) -> str:
-        return f"n={self.n}" + (", masked" if self.mask is not None else "")
-
 
 DiscreteTensorSpec = Categorical
 
 
-class OneHot(_MaskMixin, TensorSpec):
+class OneHot(_OneOfN, TensorSpec):
     """One-hot values: the last dim has ``n`` elements, exactly one of them set (default bool).
 
     Example:
@@ -324,23 +329,15 @@ class OneHot(_MaskMixin, TensorSpec):
         idx = scores.argmax(-1)
         return torch.nn.functional.one_hot(idx, self.n).to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self.n == other.n)
-
-    def cardinality(self) -> int:
-        """``n``."""
-        return self.n
-
     def enumerate(self, use_mask: bool = False) -> torch.Tensor:
         """The ``n`` one-hot vectors over a new leading dim, expanded to the batch dims.
 
         With ``use_mask``, only the values the mask allows (the same mask everywhere).
         """
-        batch = concrete_shape(self.shape[:-1])
         eye = torch.eye(self.n, device=self.device).to(self.dtype)
         if use_mask and self.mask is not None:
             eye = eye[_shared_mask(self.mask)]
-        return eye.reshape(-1, *(1,) * len(batch), self.n).expand(-1, *batch, -1).clone()
+        return enumerated(eye, self.shape[:-1])
 
     def index(self, index: torch.Tensor, tensor_to_index: torch.Tensor) -> torch.Tensor:
         """Picks ``tensor_to_index[..., k]`` where ``index`` (one-hot) has its k-th element set."""
@@ -355,9 +352,6 @@ class OneHot(_MaskMixin, TensorSpec):
     def to_categorical_spec(self) -> Categorical:
         """The equivalent :class:`Categorical` spec."""
         return Categorical(self.n, self.shape[:-1], device=self.device, mask=self.mask)
-
-    def _repr_extra(self) -> str:
-        return f"n={self.n}" + (", masked" if self.mask is not None else "")
 
 
 OneHotDiscreteTensorSpec = OneHot

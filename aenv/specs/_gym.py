@@ -26,13 +26,9 @@ from ._composite import Composite
 from ._discrete import Categorical, OneHot
 from ._leaves import Binary, Bounded, NonTensor, Unbounded
 from ._multi import MultiCategorical, MultiOneHot
-from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
+from ._shape import DEVICE_TYPING, np_dtype, parse_shape, torch_dtype
 
 __all__ = ["from_gym_space", "to_gym_space"]
-
-
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def from_gym_space(
@@ -113,23 +109,17 @@ def from_gym_space(
     elif isinstance(space, spaces.MultiBinary):
         shape = parse_shape(space.n)
         spec = Binary(shape[-1], shape, device, torch_dtype(space.dtype))
-    elif isinstance(space, spaces.Dict):
+    elif isinstance(space, (spaces.Dict, spaces.Tuple)):
+        subs = space.spaces if isinstance(space, spaces.Dict) else dict(enumerate(space.spaces))
         spec = Composite(
             {
-                k: from_gym_space(v, device=device, categorical_action_encoding=cat)
-                for k, v in space.spaces.items()
+                str(k): from_gym_space(v, device=device, categorical_action_encoding=cat)
+                for k, v in subs.items()
             },
             device=device,
         )
-    elif isinstance(space, spaces.Tuple):
-        spec = Composite(
-            {
-                str(i): from_gym_space(v, device=device, categorical_action_encoding=cat)
-                for i, v in enumerate(space.spaces)
-            },
-            device=device,
-        )
-        spec._meta["gym_tuple"] = True
+        if isinstance(space, spaces.Tuple):
+            spec._meta["gym_tuple"] = True
     elif isinstance(space, spaces.Text):
         spec = NonTensor(shape=(), device=device, example_data="")
         spec._meta["gym_text"] = {
@@ -170,10 +160,10 @@ def to_gym_space(spec: TensorSpec) -> Any:
             spec.low.cpu().numpy(),
             spec.high.cpu().numpy(),
             tuple(spec.shape),
-            _np_dtype(spec.dtype),
+            np_dtype(spec.dtype),
         )
     if isinstance(spec, Unbounded):
-        dtype = _np_dtype(spec.dtype)
+        dtype = np_dtype(spec.dtype)
         if spec.dtype.is_floating_point:
             low, high = -np.inf, np.inf
         else:

@@ -11,8 +11,8 @@ from tensordict import NonTensorData, NonTensorStack
 
 from aenv.exceptions import SpecError
 
-from ._base import TensorSpec, full_param
-from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, shape_matches, torch_dtype
+from ._base import TensorSpec, enumerated, full_param
+from ._shape import DEVICE_TYPING, parse_shape, shape_matches, torch_dtype
 
 __all__ = [
     "Binary",
@@ -334,8 +334,7 @@ class Binary(TensorSpec):
         combos = torch.tensor(
             list(itertools.product((0, 1), repeat=self.n)), dtype=self.dtype, device=self.device
         ).reshape(-1, self.n)
-        batch = concrete_shape(self.shape[:-1])
-        return combos.reshape(-1, *(1,) * len(batch), self.n).expand(-1, *batch, self.n).clone()
+        return enumerated(combos, self.shape[:-1])
 
     def _repr_extra(self) -> str:
         return f"n={self.n}"
@@ -375,14 +374,7 @@ class NonTensor(TensorSpec):
         data = NonTensorData(data=self.example_data, batch_size=shape, device=self.device)
         return data.maybe_to_stack() if len(shape) else data
 
-    def _rand(self, shape: torch.Size) -> Any:
-        return self._make(shape)
-
-    def _zero(self, shape: torch.Size) -> Any:
-        return self._make(shape)
-
-    def _one(self, shape: torch.Size) -> Any:
-        return self._make(shape)
+    _rand = _zero = _one = _make
 
     def _check(self, val: Any) -> str | None:
         if isinstance(val, torch.Tensor):

@@ -11,7 +11,7 @@ import torch
 
 from aenv.exceptions import SpecError
 
-from ._base import TensorSpec
+from ._base import TensorSpec, enumerated
 from ._discrete import (
     Categorical,
     _first_allowed,
@@ -20,7 +20,7 @@ from ._discrete import (
     _sample_masked,
     one_hot_rows,
 )
-from ._shape import DEVICE_TYPING, concrete_shape, parse_shape, torch_dtype
+from ._shape import DEVICE_TYPING, parse_shape, torch_dtype
 
 __all__ = [
     "MultiCategorical",
@@ -37,7 +37,42 @@ def _parse_nvec(nvec: Any, what: str) -> torch.Tensor:
     return t
 
 
-class MultiCategorical(_MaskMixin, TensorSpec):
+def _segments(nlist: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each column's block of a last dim that concatenates ``nlist``."""
+    starts = itertools.accumulate([0, *nlist[:-1]])
+    return [(s, s + n) for s, n in zip(starts, nlist)]
+
+
+class _Multi:
+    """Several discrete values side by side, ``nvec[i]`` choices for the i-th."""
+
+    nvec: torch.Tensor
+    _nlist: list[int]
+
+    def _set_nvec(self, nvec: Any, shape: Any, what: str, last: Any) -> torch.Size:
+        """Set ``nvec``; the spec's shape (``shape``, by default one dim), checked to end
+        with ``last(nvec)`` (``what`` names it)."""
+        name = type(self).__name__
+        self.nvec = _parse_nvec(nvec, name)
+        self._nlist = self.nvec.tolist()
+        size = last(self._nlist)
+        out = torch.Size((size,)) if shape is None else parse_shape(shape)
+        if not len(out) or out[-1] != size:
+            raise SpecError(f"{name}: the last dim of shape {tuple(out)} must be {what}={size}")
+        return out
+
+    def _segments(self) -> list[tuple[int, int]]:
+        return _segments(self._nlist)
+
+    def _extra_eq(self, other: Any) -> bool:
+        return bool(self._nlist == other._nlist)
+
+    def cardinality(self) -> int:
+        """``prod(nvec)``."""
+        return math.prod(self._nlist)
+
+
+class MultiCategorical(_Multi, _MaskMixin, TensorSpec):
     """Several categorical values side by side: element ``i`` of the last dim is in ``[0, nvec[i])``.
 
     Example:
@@ -59,14 +94,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
         dtype: Any = torch.int64,
         mask: Any = None,
     ) -> None:
-        self.nvec = _parse_nvec(nvec, "MultiCategorical")
-        self._nlist = self.nvec.tolist()
-        k = len(self._nlist)
-        shape = (k,) if shape is None else parse_shape(shape)
-        if not len(shape) or shape[-1] != k:
-            raise SpecError(
-                f"MultiCategorical: the last dim of shape {tuple(shape)} must be len(nvec)={k}"
-            )
+        shape = self._set_nvec(nvec, shape, "len(nvec)", len)
         dtype = torch_dtype(dtype)
         Categorical._check_dtype(dtype)
         super().__init__(shape, device, dtype)
@@ -80,10 +108,6 @@ class MultiCategorical(_MaskMixin, TensorSpec):
 
     def _mask_shape(self) -> torch.Size:
         return self.shape[:-1] + (sum(self._nlist),)
-
-    def _segments(self) -> list[tuple[int, int]]:
-        starts = itertools.accumulate([0, *self._nlist[:-1]])
-        return [(s, s + n) for s, n in zip(starts, self._nlist)]
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -119,21 +143,12 @@ class MultiCategorical(_MaskMixin, TensorSpec):
             val = torch.stack(cols, -1)
         return val.to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self._nlist == other._nlist)
-
-    def cardinality(self) -> int:
-        """``prod(nvec)``."""
-        return math.prod(self._nlist)
-
     def enumerate(self) -> torch.Tensor:
         """Every combination over a new leading dim, expanded to the batch dims."""
         combos = torch.tensor(
             list(itertools.product(*(range(n) for n in self._nlist))), device=self.device
         ).to(self.dtype)
-        batch = concrete_shape(self.shape[:-1])
-        k = len(self._nlist)
-        return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
+        return enumerated(combos, self.shape[:-1])
 
     def to_one_hot(self, val: torch.Tensor) -> torch.Tensor:
         """The one-hot (bool) encoding of each column, concatenated on the last dim."""
@@ -153,7 +168,7 @@ class MultiCategorical(_MaskMixin, TensorSpec):
 MultiDiscreteTensorSpec = MultiCategorical
 
 
-class MultiOneHot(TensorSpec):
+class MultiOneHot(_Multi, TensorSpec):
     """Several one-hot values concatenated along the last dim (of size ``sum(nvec)``).
 
     Example:
@@ -173,22 +188,11 @@ class MultiOneHot(TensorSpec):
         device: DEVICE_TYPING = None,
         dtype: Any = torch.bool,
     ) -> None:
-        self.nvec = _parse_nvec(nvec, "MultiOneHot")
-        self._nlist = self.nvec.tolist()
-        total = sum(self._nlist)
-        shape = (total,) if shape is None else parse_shape(shape)
-        if not len(shape) or shape[-1] != total:
-            raise SpecError(
-                f"MultiOneHot: the last dim of shape {tuple(shape)} must be sum(nvec)={total}"
-            )
+        shape = self._set_nvec(nvec, shape, "sum(nvec)", sum)
         dtype = torch_dtype(dtype)
         if dtype.is_complex:
             raise SpecError(f"MultiOneHot does not support dtype {dtype}")
         super().__init__(shape, device, dtype)
-
-    def _segments(self) -> list[tuple[int, int]]:
-        starts = itertools.accumulate([0, *self._nlist[:-1]])
-        return [(s, s + n) for s, n in zip(starts, self._nlist)]
 
     def _rand(self, shape: torch.Size) -> torch.Tensor:
         batch = shape[:-1]
@@ -216,13 +220,6 @@ class MultiOneHot(TensorSpec):
         ]
         return torch.cat(parts, -1).to(self.dtype)
 
-    def _extra_eq(self, other: Any) -> bool:
-        return bool(self._nlist == other._nlist)
-
-    def cardinality(self) -> int:
-        """``prod(nvec)``."""
-        return math.prod(self._nlist)
-
     def enumerate(self) -> torch.Tensor:
         """Every combination over a new leading dim, expanded to the batch dims."""
         rows = []
@@ -236,9 +233,7 @@ class MultiOneHot(TensorSpec):
                 )
             )
         combos = torch.stack(rows).to(self.dtype).to(self.device)
-        batch = concrete_shape(self.shape[:-1])
-        k = self.shape[-1]
-        return combos.reshape(-1, *(1,) * len(batch), k).expand(-1, *batch, k).clone()
+        return enumerated(combos, self.shape[:-1])
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> Any:
         """Turns a value into a tensor of this spec; category indices (one per segment, on

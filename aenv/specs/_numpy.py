@@ -27,6 +27,7 @@ from aenv.specs import (
     TensorSpec,
 )
 from aenv.specs._discrete import one_hot_row
+from aenv.specs._shape import np_dtype
 
 __all__ = ["from_numpy_fn", "from_numpy_into_fn", "np_dtype", "to_numpy_fn"]
 
@@ -34,11 +35,6 @@ Converter = Callable[[Any], Any]
 #: writes a gymnasium value into a preallocated array; False (nothing written) where the
 #: value is not one it takes as it is (the caller converts it with ``from_numpy_fn``)
 IntoConverter = Callable[[Any, np.ndarray], bool]
-
-
-def np_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype of a torch dtype."""
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _tensor_from(value: Any, dtype: np.dtype, shape: torch.Size) -> torch.Tensor:

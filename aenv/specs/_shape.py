@@ -63,6 +63,11 @@ def to_device(device: DEVICE_TYPING) -> torch.device | None:
     return torch.device(device)
 
 
+def np_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
 def torch_dtype(dtype: Any) -> torch.dtype:
     """Turns a torch or numpy dtype (or a numpy type) into a torch dtype."""
     if isinstance(dtype, torch.dtype):

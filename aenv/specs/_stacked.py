@@ -118,10 +118,7 @@ class Stacked(_LazyStackMixin, TensorSpec):
 
     def project(self, val: Any) -> Any:
         """Projects each element into its own spec."""
-        items = self._split(val)
-        if isinstance(items, str):
-            raise SpecError(f"cannot project onto {self.describe()}: {items}")
-        return self._gather([s.project(v) for s, v in zip(self._stack, items)], 0)
+        return self._gather(self._each(val, "project onto", lambda s, v: s.project(v)), 0)
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> Any:
         """Encodes each element with its own spec."""
@@ -132,34 +129,11 @@ class Stacked(_LazyStackMixin, TensorSpec):
             raise SpecError(f"cannot encode into {self.describe()}: {items}")
         return self._gather([s.encode(v) for s, v in zip(self._stack, items)], 0)
 
-    def to_numpy(self, val: Any, safe: bool = False) -> Any:
-        """A list with one numpy array per stacked element."""
-        if safe:
-            self.assert_is_in(val)
-        items = self._split(val)
-        if isinstance(items, str):
-            raise SpecError(items)
-        return [s.to_numpy(v) for s, v in zip(self._stack, items)]
-
     def __getitem__(self, index: Any) -> TensorSpec:
         return self._stack_index(index)
 
     def _stackable_with(self, other: TensorSpec) -> bool:
         return False
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Stacked)
-            and other.stack_dim == self.stack_dim
-            and len(other._stack) == len(self._stack)
-            and all(a == b for a, b in zip(self._stack, other._stack))
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        inner = ",\n    ".join(repr(s).replace("\n", "\n    ") for s in self._stack)
-        return f"Stacked(\n    {inner},\n    shape={tuple(self.shape)}, dim={self.stack_dim})"
 
     def describe(self) -> str:
         """A one-line description for messages."""
@@ -291,7 +265,7 @@ class StackedComposite(_LazyStackMixin, Composite):
         tds = [getattr(s, method)(extra) for s in self._stack]
         return LazyStackedTensorDict(*tds, stack_dim=len(extra) + self.stack_dim)
 
-    def _unbind_value(self, val: Any) -> list[Any] | str:
+    def _split(self, val: Any) -> list[Any] | str:
         if isinstance(val, (list, tuple)):
             items = list(val)
         elif isinstance(val, TensorDictBase):
@@ -307,7 +281,7 @@ class StackedComposite(_LazyStackMixin, Composite):
         return items
 
     def _check_nested(self, val: Any, prefix: tuple[str, ...]) -> tuple[Any, str, Any] | None:
-        items = self._unbind_value(val)
+        items = self._split(val)
         if isinstance(items, str):
             return prefix, items, val
         for i, (s, v) in enumerate(zip(self._stack, items)):
@@ -318,28 +292,13 @@ class StackedComposite(_LazyStackMixin, Composite):
 
     def project(self, val: Any) -> TensorDictBase:
         """Projects each stacked element with its own composite."""
-        items = self._unbind_value(val)
-        if isinstance(items, str):
-            raise SpecError(f"cannot project onto {self.describe()}: {items}")
-        tds = [s.project(v) for s, v in zip(self._stack, items)]
+        tds = self._each(val, "project onto", lambda s, v: s.project(v))
         return LazyStackedTensorDict(*tds, stack_dim=self.stack_dim)
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> TensorDictBase:
         """Encodes a list (or stack) of dicts, one per stacked composite."""
-        items = self._unbind_value(val)
-        if isinstance(items, str):
-            raise SpecError(f"cannot encode into {self.describe()}: {items}")
-        tds = [s.encode(v) for s, v in zip(self._stack, items)]
+        tds = self._each(val, "encode into", lambda s, v: s.encode(v))
         return LazyStackedTensorDict(*tds, stack_dim=self.stack_dim)
-
-    def to_numpy(self, val: Any, safe: bool = False) -> Any:  # type: ignore[override]
-        """A list of dicts of numpy arrays, one per stacked element."""
-        if safe:
-            self.assert_is_in(val)
-        items = self._unbind_value(val)
-        if isinstance(items, str):
-            raise SpecError(items)
-        return [s.to_numpy(v) for s, v in zip(self._stack, items)]
 
     def _index(self, index: Any) -> Any:
         return self._stack_index(index)
@@ -348,22 +307,6 @@ class StackedComposite(_LazyStackMixin, Composite):
         """Every stacked composite on another device."""
         device = to_device(dest)
         return StackedComposite(*[s.to(device) for s in self._stack], dim=self.stack_dim)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, StackedComposite)
-            and other.stack_dim == self.stack_dim
-            and len(other._stack) == len(self._stack)
-            and all(a == b for a, b in zip(self._stack, other._stack))
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        inner = ",\n    ".join(repr(s).replace("\n", "\n    ") for s in self._stack)
-        return (
-            f"StackedComposite(\n    {inner},\n    shape={tuple(self.shape)}, dim={self.stack_dim})"
-        )
 
     def describe(self) -> str:
         """A one-line description for messages."""

@@ -219,3 +219,37 @@ class _LazyStackMixin:
 
     def __len__(self) -> int:
         return len(self._stack)
+
+    def _split(self, val: Any) -> list[Any] | str:
+        """One value per stacked spec, or why ``val`` cannot be split so."""
+        raise NotImplementedError
+
+    def _each(self, val: Any, what: str, fn: Any) -> list[Any]:
+        """``fn(spec, value)`` for each stacked spec and its part of ``val``."""
+        items = self._split(val)
+        if isinstance(items, str):
+            raise SpecError(f"cannot {what} {self.describe()}: {items}")  # type: ignore[attr-defined]
+        return [fn(s, v) for s, v in zip(self._stack, items)]
+
+    def to_numpy(self, val: Any, safe: bool = False) -> Any:
+        """A list with the numpy value of each stacked element."""
+        if safe:
+            self.assert_is_in(val)  # type: ignore[attr-defined]
+        return self._each(val, "convert to numpy", lambda s, v: s.to_numpy(v))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self)
+            and other.stack_dim == self.stack_dim  # type: ignore[attr-defined]
+            and len(other._stack) == len(self._stack)  # type: ignore[attr-defined]
+            and all(a == b for a, b in zip(self._stack, other._stack))  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        inner = ",\n    ".join(repr(s).replace("\n", "\n    ") for s in self._stack)
+        return (
+            f"{type(self).__name__}(\n    {inner},\n    shape={tuple(self.shape)}, "
+            f"dim={self.stack_dim})"
+        )

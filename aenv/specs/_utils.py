@@ -8,9 +8,20 @@ import torch
 from tensordict import TensorDictBase
 
 from ._composite import Composite
+from ._discrete import Categorical
 from ._leaves import NonTensor, Unbounded
 
-__all__ = ["make_composite_from_td"]
+__all__ = ["done_flags", "flag", "make_composite_from_td"]
+
+
+def flag(shape: tuple[int, ...]) -> Categorical:
+    """A boolean flag spec of ``shape`` (a mask, a done flag)."""
+    return Categorical(2, shape=shape, dtype=torch.bool)
+
+
+def done_flags(shape: tuple[int, ...]) -> dict[str, Categorical]:
+    """``done``, ``terminated`` and ``truncated`` flag specs of ``shape``, for one level."""
+    return {k: flag(shape) for k in ("done", "terminated", "truncated")}
 
 
 def make_composite_from_td(

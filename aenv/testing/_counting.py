@@ -7,12 +7,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.specs import Bounded, Categorical, Composite, Unbounded
+from aenv.specs._utils import flag
 
 __all__ = ["CountingEnv", "NestedCountingEnv"]
-
-
-def _bool_spec(shape: tuple[int, ...]) -> Categorical:
-    return Categorical(2, shape=shape, dtype=torch.bool)
 
 
 def _counting_specs(env: EnvBase) -> None:
@@ -20,9 +17,7 @@ def _counting_specs(env: EnvBase) -> None:
     env.observation_spec = Composite(observation=Unbounded((*bs, 1), dtype=torch.float32), shape=bs)
     env.action_spec = Categorical(2, shape=(*bs, 1))
     env.reward_spec = Unbounded((*bs, 1))
-    env.full_done_spec = Composite(
-        done=_bool_spec((*bs, 1)), terminated=_bool_spec((*bs, 1)), shape=bs
-    )
+    env.full_done_spec = Composite(done=flag((*bs, 1)), terminated=flag((*bs, 1)), shape=bs)
 
 
 class CountingEnv(EnvBase):
@@ -122,11 +117,11 @@ class NestedCountingEnv(EnvBase):
             agents=Composite(reward=Unbounded((*agent_shape, 1)), shape=agent_shape), shape=bs
         )
         self.full_done_spec = Composite(
-            done=_bool_spec((*bs, 1)),
-            terminated=_bool_spec((*bs, 1)),
+            done=flag((*bs, 1)),
+            terminated=flag((*bs, 1)),
             agents=Composite(
-                done=_bool_spec((*agent_shape, 1)),
-                terminated=_bool_spec((*agent_shape, 1)),
+                done=flag((*agent_shape, 1)),
+                terminated=flag((*agent_shape, 1)),
                 shape=agent_shape,
             ),
             shape=bs,

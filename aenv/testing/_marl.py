@@ -10,12 +10,9 @@ from tensordict import TensorDict, TensorDictBase
 from aenv.envs._common import EnvBase
 from aenv.envs._marl import MarlGroupMapType, check_marl_grouping
 from aenv.specs import Categorical, Composite, Unbounded
+from aenv.specs._utils import flag
 
 __all__ = ["MultiAgentCountingEnv"]
-
-
-def _flag(shape: tuple[int, ...]) -> Categorical:
-    return Categorical(2, shape=shape, dtype=torch.bool)
 
 
 class MultiAgentCountingEnv(EnvBase):
@@ -64,7 +61,7 @@ class MultiAgentCountingEnv(EnvBase):
         obs = Composite(state=Unbounded((*bs, 1)), shape=bs)
         act = Composite(shape=bs)
         rew = Composite(shape=bs)
-        done = Composite(done=_flag((*bs, 1)), terminated=_flag((*bs, 1)), shape=bs)
+        done = Composite(done=flag((*bs, 1)), terminated=flag((*bs, 1)), shape=bs)
         self.count: dict[str, torch.Tensor] = {}
         self.limit: dict[str, torch.Tensor] = {}
         for group, agents in self.group_map.items():
@@ -73,7 +70,7 @@ class MultiAgentCountingEnv(EnvBase):
             act[group] = Composite(action=Categorical(2, shape=(*shape, 1)), shape=shape)
             rew[group] = Composite(reward=Unbounded((*shape, 1)), shape=shape)
             done[group] = Composite(
-                done=_flag((*shape, 1)), terminated=_flag((*shape, 1)), shape=shape
+                done=flag((*shape, 1)), terminated=flag((*shape, 1)), shape=shape
             )
             self.count[group] = torch.zeros((*shape, 1))
             per_agent = [max_steps + self.agent_names.index(a) for a in agents]

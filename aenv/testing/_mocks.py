@@ -14,7 +14,8 @@ import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
-from aenv.specs import Binary, Bounded, Categorical, Composite, NonTensor, Unbounded
+from aenv.specs import Binary, Bounded, Composite, NonTensor, Unbounded
+from aenv.specs._utils import done_flags
 from aenv.testing._counting import CountingEnv
 
 __all__ = [
@@ -146,11 +147,7 @@ def _latency_specs(env: LatencyEnv, obs_dim: int, action_dim: int) -> None:
     env.observation_spec = Composite(observation=Unbounded((obs_dim,)), latency=Unbounded((1,)))
     env.action_spec = Bounded(-1.0, 1.0, shape=(action_dim,))
     env.reward_spec = Unbounded((1,))
-    env.full_done_spec = Composite(
-        done=Categorical(2, (1,), dtype=torch.bool),
-        terminated=Categorical(2, (1,), dtype=torch.bool),
-        truncated=Categorical(2, (1,), dtype=torch.bool),
-    )
+    env.full_done_spec = Composite(done_flags((1,)))
 
 
 def latency_ideal_steps(

@@ -11,7 +11,8 @@ import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
-from aenv.specs import Categorical, Composite, NonTensor, Unbounded
+from aenv.specs import Composite, NonTensor, Unbounded
+from aenv.specs._utils import done_flags
 
 __all__ = ["GuessTextEnv"]
 
@@ -65,11 +66,7 @@ class GuessTextEnv(EnvBase):
         )
         self.action_spec = NonTensor(shape=(), example_data="answer")
         self.reward_spec = Unbounded((1,))
-        self.full_done_spec = Composite(
-            done=Categorical(2, (1,), dtype=torch.bool),
-            terminated=Categorical(2, (1,), dtype=torch.bool),
-            truncated=Categorical(2, (1,), dtype=torch.bool),
-        )
+        self.full_done_spec = Composite(done_flags((1,)))
         self.prompt = ""
         self.target = ""
         self.schedule: list[float] | None = None

@@ -119,6 +119,41 @@ def reset_mask(
     return mask
 
 
+def _map_entries(
+    td: TensorDictBase,
+    pairs: Sequence[tuple[NestedKey, NestedKey]],
+    fn: Any,
+    strict_owner: str | None,
+) -> Any:
+    """``td[dst] = fn(td[src])`` for each ``(src, dst)`` pair, in order; a missing ``src`` is
+    skipped, or raises ``KeyError`` naming ``strict_owner`` when one is given. Awaits (and
+    returns a coroutine) only once ``fn`` hands back an awaitable."""
+    for i, (src, dst) in enumerate(pairs):
+        value = td.get(src, None)
+        if value is None:
+            if strict_owner is not None:
+                raise KeyError(f"{strict_owner}: {src!r} is missing from {td.keys()}")
+            continue
+        out = fn(value)
+        if inspect.isawaitable(out):
+            return _map_entries_rest(td, out, dst, pairs[i + 1 :], fn, strict_owner)
+        td.set(dst, out)
+    return td
+
+
+async def _map_entries_rest(
+    td: TensorDictBase,
+    pending: Any,
+    dst: NestedKey,
+    rest: Sequence[tuple[NestedKey, NestedKey]],
+    fn: Any,
+    strict_owner: str | None,
+) -> TensorDictBase:
+    td.set(dst, await pending)
+    out = _map_entries(td, rest, fn, strict_owner)
+    return await out if inspect.isawaitable(out) else out  # type: ignore[no-any-return]
+
+
 class Transform(nn.Module):
     """Base class of env transforms: forward on outputs, inverse on inputs, and specs.
 
@@ -175,34 +210,10 @@ class Transform(nn.Module):
         return self._apply_keys(next_tensordict, strict=True)
 
     def _apply_keys(self, td: TensorDictBase, strict: bool) -> Any:
-        pairs = list(zip(self.in_keys, self.out_keys))
-        for i, (in_key, out_key) in enumerate(pairs):
-            value = td.get(in_key, None)
-            if value is None:
-                if strict:
-                    raise KeyError(f"{type(self).__name__}: {in_key!r} is missing from {td.keys()}")
-                continue
-            out = self._apply_transform(value)
-            if inspect.isawaitable(out):
-                return self._apply_keys_async(td, out, out_key, pairs[i + 1 :], strict)
-            td.set(out_key, out)
-        return td
-
-    async def _apply_keys_async(
-        self, td: TensorDictBase, pending: Any, out_key: NestedKey, rest: list[Any], strict: bool
-    ) -> TensorDictBase:
-        td.set(out_key, await pending)
-        for in_key, key in rest:
-            value = td.get(in_key, None)
-            if value is None:
-                if strict:
-                    raise KeyError(f"{type(self).__name__}: {in_key!r} is missing")
-                continue
-            out = self._apply_transform(value)
-            if inspect.isawaitable(out):
-                out = await out
-            td.set(key, out)
-        return td
+        owner = type(self).__name__ if strict else None
+        return _map_entries(
+            td, list(zip(self.in_keys, self.out_keys)), self._apply_transform, owner
+        )
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> Any:
         return self._call(next_tensordict)
@@ -213,30 +224,8 @@ class Transform(nn.Module):
         return self._call(tensordict_reset)
 
     def _inv_call(self, tensordict: TensorDictBase) -> Any:
-        pairs = list(zip(self.in_keys_inv, self.out_keys_inv))
-        for i, (in_key, out_key) in enumerate(pairs):
-            value = tensordict.get(out_key, None)
-            if value is None:
-                continue
-            out = self._inv_apply_transform(value)
-            if inspect.isawaitable(out):
-                return self._inv_async(tensordict, out, in_key, pairs[i + 1 :])
-            tensordict.set(in_key, out)
-        return tensordict
-
-    async def _inv_async(
-        self, td: TensorDictBase, pending: Any, in_key: NestedKey, rest: list[Any]
-    ) -> TensorDictBase:
-        td.set(in_key, await pending)
-        for key, out_key in rest:
-            value = td.get(out_key, None)
-            if value is None:
-                continue
-            out = self._inv_apply_transform(value)
-            if inspect.isawaitable(out):
-                out = await out
-            td.set(key, out)
-        return td
+        pairs = list(zip(self.out_keys_inv, self.in_keys_inv))
+        return _map_entries(tensordict, pairs, self._inv_apply_transform, None)
 
     def _reset_env_preprocess(self, tensordict: TensorDictBase) -> Any:
         return tensordict
@@ -381,7 +370,7 @@ class Transform(nn.Module):
         """Tell the env holding this transform that its specs must be recomputed."""
         env = self.container
         if env is not None:
-            env._transforms_changed()
+            env.transform_changed()
 
     # ------------------------------------------------------------------ copies
     def clone(self) -> Transform:
@@ -413,15 +402,3 @@ class Transform(nn.Module):
             if self.out_keys_inv != self.in_keys_inv:
                 parts.append(f"out_keys_inv={self.out_keys_inv}")
         return ", ".join(parts)
-
-
-def __getattr__(name: str) -> Any:
-    # ``Compose`` moved to _compose.py; keep ``from aenv.transforms._base import Compose``
-    if name == "Compose":
-        from aenv.transforms._compose import Compose
-
-        return Compose
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# BASE-READY

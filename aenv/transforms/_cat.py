@@ -11,8 +11,8 @@ from tensordict import TensorDictBase
 from aenv._mdp import NestedKey, unravel
 from aenv.exceptions import SpecError
 from aenv.specs import Bounded, Composite, NonTensor, TensorSpec, Unbounded
-from aenv.transforms._base import Transform
-from aenv.transforms._t2_common import as_key_list, check_negative_dim, map_leaf, where_batch
+from aenv.transforms._base import Transform, _norm_keys
+from aenv.transforms._t2_common import check_negative_dim, map_leaf, where_batch
 
 __all__ = ["CatFrames", "CatTensors"]
 
@@ -59,7 +59,7 @@ class CatTensors(Transform):
         unsqueeze_if_required: bool = True,
         sort: bool = True,
     ) -> None:
-        keys = as_key_list(in_keys)
+        keys = _norm_keys(in_keys)
         if sort:
             keys = sorted(keys, key=_sort_key)
         super().__init__(keys)

@@ -117,106 +117,73 @@ class Compose(Transform):
         return Compose(*[t.clone() for t in self])
 
     # ------------------------------------------------------------------ hooks
+    # each hook runs the chain's hooks in turn, awaiting only once one returns an awaitable
     def _call(self, next_tensordict: TensorDictBase) -> Any:
-        ts = list(self)
-        for i, t in enumerate(ts):
-            out = t._call(next_tensordict)
-            if inspect.isawaitable(out):
-                return self._finish(out, ts[i + 1 :], lambda t, td: t._call(td))
-            next_tensordict = out
-        return next_tensordict
+        return _chain(list(self), lambda t, td: t._call(td), next_tensordict)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> Any:
-        for i, t in enumerate(self):
-            out = t._step(tensordict, next_tensordict)
-            if inspect.isawaitable(out):
-                rest = list(self)[i + 1 :]
-                return self._finish(out, rest, lambda t, td: t._step(tensordict, td))
-            next_tensordict = out
-        return next_tensordict
+        return _chain(list(self), lambda t, td: t._step(tensordict, td), next_tensordict)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> Any:
-        for i, t in enumerate(self):
-            out = t._reset(tensordict, tensordict_reset)
-            if inspect.isawaitable(out):
-                rest = list(self)[i + 1 :]
-                return self._finish(out, rest, lambda t, td: t._reset(tensordict, td))
-            tensordict_reset = out
-        return tensordict_reset
+        return _chain(list(self), lambda t, td: t._reset(tensordict, td), tensordict_reset)
 
     def _inv_call(self, tensordict: TensorDictBase) -> Any:
-        ts = list(self)[::-1]
-        for i, t in enumerate(ts):
-            if not t._needs_inv:
-                continue
-            out = t._inv_call(tensordict)
-            if inspect.isawaitable(out):
-                return self._finish(out, ts[i + 1 :], lambda t, td: t._inv_call(td))
-            tensordict = out
-        return tensordict
+        ts = [t for t in reversed(self) if t._needs_inv]
+        return _chain(ts, lambda t, td: t._inv_call(td), tensordict)
 
     def _reset_env_preprocess(self, tensordict: TensorDictBase) -> Any:
-        ts = list(self)[::-1]
-        for i, t in enumerate(ts):
-            out = t._reset_env_preprocess(tensordict)
-            if inspect.isawaitable(out):
-                return self._finish(out, ts[i + 1 :], lambda t, td: t._reset_env_preprocess(td))
-            tensordict = out
-        return tensordict
-
-    @staticmethod
-    async def _finish(pending: Any, rest: list[Transform], call: Any) -> TensorDictBase:
-        td = await pending
-        for t in rest:
-            out = call(t, td)
-            if inspect.isawaitable(out):
-                out = await out
-            td = out
-        return cast(TensorDictBase, td)
+        return _chain(list(self)[::-1], lambda t, td: t._reset_env_preprocess(td), tensordict)
 
     @property
     def _needs_inv(self) -> bool:
         return any(t._needs_inv for t in self)
 
+    # the spec hooks: each transform's in turn
     def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
-        for t in self:
-            batch_size = t.transform_env_batch_size(batch_size)
-        return batch_size
+        return _fold(self, "transform_env_batch_size", batch_size)  # type: ignore[no-any-return]
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
-        for t in self:
-            output_spec = t.transform_output_spec(output_spec)
-        return output_spec
+        return _fold(self, "transform_output_spec", output_spec)  # type: ignore[no-any-return]
 
     def transform_input_spec(self, input_spec: Composite) -> Composite:
-        for t in self:
-            input_spec = t.transform_input_spec(input_spec)
-        return input_spec
+        return _fold(self, "transform_input_spec", input_spec)  # type: ignore[no-any-return]
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        for t in self:
-            observation_spec = t.transform_observation_spec(observation_spec)
-        return observation_spec
+        return _fold(self, "transform_observation_spec", observation_spec)  # type: ignore[no-any-return]
 
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
-        for t in self:
-            reward_spec = t.transform_reward_spec(reward_spec)
-        return reward_spec
+        return _fold(self, "transform_reward_spec", reward_spec)  # type: ignore[no-any-return]
 
     def transform_done_spec(self, done_spec: Composite) -> Composite:
-        for t in self:
-            done_spec = t.transform_done_spec(done_spec)
-        return done_spec
+        return _fold(self, "transform_done_spec", done_spec)  # type: ignore[no-any-return]
 
     def transform_action_spec(self, action_spec: Composite) -> Composite:
-        for t in self:
-            action_spec = t.transform_action_spec(action_spec)
-        return action_spec
+        return _fold(self, "transform_action_spec", action_spec)  # type: ignore[no-any-return]
 
     def transform_state_spec(self, state_spec: Composite) -> Composite:
-        for t in self:
-            state_spec = t.transform_state_spec(state_spec)
-        return state_spec
+        return _fold(self, "transform_state_spec", state_spec)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _fold(transforms: Compose, hook: str, value: Any) -> Any:
+    """``value`` through hook ``hook`` of each transform in turn."""
+    for t in transforms:
+        value = getattr(t, hook)(value)
+    return value
+
+
+def _chain(transforms: list[Transform], call: Any, td: Any) -> Any:
+    """``td`` through ``call(t, td)`` for each transform in turn; a coroutine from the first
+    call that returns an awaitable on."""
+    for i, t in enumerate(transforms):
+        td = call(t, td)
+        if inspect.isawaitable(td):
+            return _chain_rest(td, transforms[i + 1 :], call)
+    return td
+
+
+async def _chain_rest(pending: Any, rest: list[Transform], call: Any) -> TensorDictBase:
+    td = _chain(rest, call, await pending)
+    return await td if inspect.isawaitable(td) else td  # type: ignore[no-any-return]

@@ -76,8 +76,8 @@ class DTypeCastTransform(Transform):
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return cast_spec(spec, self.dtype_out)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        return cast_spec(spec, self.dtype_out)
+    # the inner input spec maps to the outer one as outputs do
+    _inv_transform_spec = _transform_spec
 
     def _keys_of_dtype(self, *specs: Composite) -> list[NestedKey]:
         keys: list[NestedKey] = []
@@ -202,8 +202,7 @@ class DeviceCastTransform(Transform):
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return spec.to(self.device)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        return spec.to(self.device)
+    _inv_transform_spec = _transform_spec
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         if self.orig_device is None:

@@ -114,9 +114,6 @@ class TransformedEnv(EnvBase, metaclass=_TransformedEnvMeta):
         # the chain itself (always a Compose), whatever a subclass makes of ``transform``
         return self.__dict__["transform"]  # type: ignore[no-any-return]
 
-    def _transforms_changed(self) -> None:
-        self._compute_specs()
-
     def transform_changed(self) -> None:
         """Recompute the specs (after a transform's parameters changed what they describe)."""
         self._compute_specs()

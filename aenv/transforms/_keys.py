@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tensordict import TensorDictBase
 
@@ -93,7 +94,42 @@ class RenameTransform(Transform):
         return self._move(input_spec, _IN, list(zip(self.in_keys_inv, self.out_keys_inv)))
 
 
-class ExcludeTransform(Transform):
+class _KeyFilter(Transform):
+    """Keeps or drops entries of the env's outputs or, with ``inverse``, of its inputs (on
+    steps and resets alike); a subclass says how in :meth:`_filter`."""
+
+    inverse: bool
+
+    @staticmethod
+    def _key_args(keys: tuple[Any, ...]) -> list[NestedKey]:
+        """Keys given one by one, or as one list."""
+        return _norm_keys(
+            list(keys[0]) if len(keys) == 1 and isinstance(keys[0], list) else list(keys)
+        )
+
+    def _filter(self, td: TensorDictBase, inputs: bool) -> TensorDictBase:
+        raise NotImplementedError
+
+    @property
+    def _needs_inv(self) -> bool:
+        return self.inverse
+
+    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        return next_tensordict if self.inverse else self._filter(next_tensordict, False)
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        return self._call(tensordict_reset)
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._filter(tensordict, True) if self.inverse else tensordict
+
+    def _reset_env_preprocess(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._inv_call(tensordict)
+
+
+class ExcludeTransform(_KeyFilter):
     """Drops entries from the env's outputs (or, with ``inverse=True``, from its inputs).
 
     Args:
@@ -109,32 +145,11 @@ class ExcludeTransform(Transform):
 
     def __init__(self, *excluded_keys: NestedKey, inverse: bool = False) -> None:
         super().__init__()
-        if len(excluded_keys) == 1 and isinstance(excluded_keys[0], list):
-            excluded_keys = tuple(excluded_keys[0])
-        self.excluded_keys = _norm_keys(list(excluded_keys))
+        self.excluded_keys = self._key_args(excluded_keys)
         self.inverse = inverse
 
-    @property
-    def _needs_inv(self) -> bool:
-        return self.inverse
-
-    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
-        if self.inverse:
-            return next_tensordict
-        return next_tensordict.exclude(*self.excluded_keys)
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._call(tensordict_reset)
-
-    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if not self.inverse:
-            return tensordict
-        return tensordict.exclude(*self.excluded_keys)
-
-    def _reset_env_preprocess(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._inv_call(tensordict)
+    def _filter(self, td: TensorDictBase, inputs: bool) -> TensorDictBase:
+        return td.exclude(*self.excluded_keys)
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         if self.inverse:
@@ -163,7 +178,7 @@ class ExcludeTransform(Transform):
         return f"excluded_keys={self.excluded_keys}, inverse={self.inverse}"
 
 
-class SelectTransform(Transform):
+class SelectTransform(_KeyFilter):
     """Keeps only some observation entries (rewards and done flags are kept by default).
 
     Args:
@@ -186,9 +201,7 @@ class SelectTransform(Transform):
         inverse: bool = False,
     ) -> None:
         super().__init__()
-        if len(selected_keys) == 1 and isinstance(selected_keys[0], list):
-            selected_keys = tuple(selected_keys[0])
-        self.selected_keys = _norm_keys(list(selected_keys))
+        self.selected_keys = self._key_args(selected_keys)
         self.keep_rewards = keep_rewards
         self.keep_dones = keep_dones
         self.inverse = inverse
@@ -196,27 +209,10 @@ class SelectTransform(Transform):
         self._keep_inv: list[NestedKey] = list(self.selected_keys)
         self._reset_keys: list[NestedKey] = ["_reset"]
 
-    @property
-    def _needs_inv(self) -> bool:
-        return self.inverse
-
-    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
-        if self.inverse:
-            return next_tensordict
-        return next_tensordict.select(*self._keep, strict=False)
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._call(tensordict_reset)
-
-    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if not self.inverse:
-            return tensordict
-        return tensordict.select(*self._keep_inv, "_step", *self._reset_keys, strict=False)
-
-    def _reset_env_preprocess(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._inv_call(tensordict)
+    def _filter(self, td: TensorDictBase, inputs: bool) -> TensorDictBase:
+        if inputs:
+            return td.select(*self._keep_inv, "_step", *self._reset_keys, strict=False)
+        return td.select(*self._keep, strict=False)
 
     def transform_output_spec(self, output_spec: Composite) -> Composite:
         done_keys = list(output_spec["full_done_spec"].keys(True, True))

@@ -124,5 +124,5 @@ class ConditionalSkip(Transform):
             return self._inv_async(tensordict, skip)
         return self._write(tensordict, skip)
 
-    async def _inv_async(self, tensordict: TensorDictBase, pending: Any) -> TensorDictBase:  # type: ignore[override]
+    async def _inv_async(self, tensordict: TensorDictBase, pending: Any) -> TensorDictBase:
         return self._write(tensordict, await pending)

@@ -102,10 +102,7 @@ class ObservationNorm(Transform):
             return spec
         return _affine_spec(spec, lambda t: self._apply_transform(t.to(torch.float32)).to(t.dtype))
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        if not self.initialized:
-            return spec
-        return _affine_spec(spec, lambda t: self._apply_transform(t.to(torch.float32)).to(t.dtype))
+    _inv_transform_spec = _transform_spec
 
     def init_stats(
         self,

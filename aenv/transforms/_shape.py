@@ -47,7 +47,27 @@ def _squeeze_spec(spec: TensorSpec, dim: int) -> TensorSpec:
     return map_leaf(spec, shape, lambda t: t.squeeze(d))
 
 
-class UnsqueezeTransform(Transform):
+class _DimTransform(Transform):
+    """A transform of one dim, ``dim`` (see :class:`UnsqueezeTransform` for its arguments)."""
+
+    def __init__(
+        self,
+        dim: int = -1,
+        in_keys: Keys = None,
+        out_keys: Keys = None,
+        in_keys_inv: Keys = None,
+        out_keys_inv: Keys = None,
+        *,
+        allow_positive_dim: bool = False,
+    ) -> None:
+        super().__init__(in_keys, out_keys, in_keys_inv, out_keys_inv)
+        self.dim = check_negative_dim(type(self).__name__, dim, allow_positive_dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, {super().extra_repr()}"
+
+
+class UnsqueezeTransform(_DimTransform):
     """Inserts a dimension of size one at the specified position.
 
     Forward on ``in_keys`` (outputs); the inverse (``in_keys_inv``) squeezes that dim out of
@@ -66,19 +86,6 @@ class UnsqueezeTransform(Transform):
         torch.Size([1])
     """
 
-    def __init__(
-        self,
-        dim: int = -1,
-        in_keys: Keys = None,
-        out_keys: Keys = None,
-        in_keys_inv: Keys = None,
-        out_keys_inv: Keys = None,
-        *,
-        allow_positive_dim: bool = False,
-    ) -> None:
-        super().__init__(in_keys, out_keys, in_keys_inv, out_keys_inv)
-        self.dim = check_negative_dim(type(self).__name__, dim, allow_positive_dim)
-
     def _apply_transform(self, value: torch.Tensor) -> torch.Tensor:
         return value.unsqueeze(self.dim)
 
@@ -88,14 +95,10 @@ class UnsqueezeTransform(Transform):
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return _unsqueeze_spec(spec, self.dim)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        return _unsqueeze_spec(spec, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, {super().extra_repr()}"
+    _inv_transform_spec = _transform_spec
 
 
-class SqueezeTransform(Transform):
+class SqueezeTransform(_DimTransform):
     """Removes a dimension of size one at the specified position.
 
     The inverse (``in_keys_inv``) puts the dim back on outer entries before the base env
@@ -112,19 +115,6 @@ class SqueezeTransform(Transform):
         torch.Size([])
     """
 
-    def __init__(
-        self,
-        dim: int = -1,
-        in_keys: Keys = None,
-        out_keys: Keys = None,
-        in_keys_inv: Keys = None,
-        out_keys_inv: Keys = None,
-        *,
-        allow_positive_dim: bool = False,
-    ) -> None:
-        super().__init__(in_keys, out_keys, in_keys_inv, out_keys_inv)
-        self.dim = check_negative_dim(type(self).__name__, dim, allow_positive_dim)
-
     def _apply_transform(self, value: torch.Tensor) -> torch.Tensor:
         if value.shape[self.dim] != 1:
             raise ValueError(
@@ -139,11 +129,7 @@ class SqueezeTransform(Transform):
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return _squeeze_spec(spec, self.dim)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        return _squeeze_spec(spec, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, {super().extra_repr()}"
+    _inv_transform_spec = _transform_spec
 
 
 class FlattenObservation(Transform):
@@ -258,9 +244,8 @@ class PermuteTransform(Transform):
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return self._spec_permute(spec, self.dims)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        # inner (base) spec -> outer spec: the outer entry is the forward permutation
-        return self._spec_permute(spec, self.dims)
+    # inner (base) spec -> outer spec: the outer entry is the forward permutation
+    _inv_transform_spec = _transform_spec
 
     def extra_repr(self) -> str:
         return f"dims={self.dims}, {super().extra_repr()}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -13,7 +12,6 @@ from aenv.exceptions import SpecError
 from aenv.specs import Bounded, TensorSpec, Unbounded
 
 __all__ = [
-    "as_key_list",
     "batch_mask",
     "check_negative_dim",
     "done_mask",
@@ -111,12 +109,3 @@ def rebound(
     if isinstance(spec, Unbounded):
         return Unbounded(torch.Size(shape), device=spec.device, dtype=dtype)
     raise SpecError(f"expected a Bounded or Unbounded spec, got {type(spec).__name__}")
-
-
-def as_key_list(keys: Any) -> list[NestedKey]:
-    """A list of nested keys from one key or a sequence of keys."""
-    if keys is None:
-        return []
-    if isinstance(keys, (str, tuple)):
-        return [keys]
-    return [k if isinstance(k, str) else tuple(k) for k in keys]

@@ -99,11 +99,8 @@ class Reward2GoTransform(_TrajectoryTransform):
             out[t] = running
         return out.movedim(0, time)
 
-    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._call(tensordict)
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._call(tensordict)
+    # the same both ways, in place (a replay buffer's extend applies the inverse)
+    _inv_call = _call
 
     def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict)

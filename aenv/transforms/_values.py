@@ -103,8 +103,7 @@ class ClipTransform(Transform):
             )
         return Bounded(low.to(dtype), high.to(dtype), shape=shape, dtype=dtype, device=spec.device)
 
-    def _inv_transform_spec(self, spec: TensorSpec) -> TensorSpec:
-        return self._transform_spec(spec)
+    _inv_transform_spec = _transform_spec
 
     def extra_repr(self) -> str:
         return f"low={self.low.tolist()}, high={self.high.tolist()}, {super().extra_repr()}"

@@ -9,8 +9,7 @@ from tensordict import TensorDict
 import aenv
 from aenv.specs import Bounded, Unbounded
 from aenv.testing import CountingEnv, LatencyEnv
-from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms._t2_exports import CatFrames, CatTensors
+from aenv.transforms import CatFrames, CatTensors, Compose, TransformedEnv
 
 
 async def test_cat_tensors_pendulum_keeps_state():
@@ -137,7 +136,7 @@ async def test_cat_frames_clone_shares_buffer():
 
 async def test_cat_frames_and_traj_counter_on_and_in_pools():
     from aenv.pool import AsyncEnvPool
-    from aenv.transforms._t2_exports import TrajCounter
+    from aenv.transforms import TrajCounter
 
     # on top of a pool: envs finish at different steps, so resets are partial
     pool = AsyncEnvPool([lambda m=m: CountingEnv(max_steps=m) for m in (2, 3)], backend="coroutine")

@@ -9,9 +9,8 @@ from tensordict import TensorDict
 import aenv
 from aenv.specs import Categorical, MultiCategorical, MultiOneHot, OneHot
 from aenv.testing import NestedCountingEnv
-from aenv.transforms import TransformedEnv
+from aenv.transforms import ActionDiscretizer, TransformedEnv
 from aenv.transforms._base import Transform
-from aenv.transforms._t2_exports import ActionDiscretizer
 
 
 class _Recorder(Transform):

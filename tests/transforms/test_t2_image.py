@@ -9,15 +9,16 @@ from tensordict import TensorDict
 import aenv
 from aenv.envs import EnvBase
 from aenv.specs import Bounded, Categorical, Composite
-from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms._t2_exports import (
+from aenv.transforms import (
     CatFrames,
     CenterCrop,
+    Compose,
     Crop,
     FlattenObservation,
     GrayScale,
     Resize,
     ToTensorImage,
+    TransformedEnv,
 )
 
 

@@ -10,14 +10,14 @@ import aenv
 from aenv.envs import EnvBase
 from aenv.specs import Binary, Bounded, Categorical, Composite, Unbounded
 from aenv.testing import CountingEnv
-from aenv.transforms import TransformedEnv
-from aenv.transforms._t2_exports import (
+from aenv.transforms import (
     BinarizeReward,
     ClipTransform,
     FiniteTensorDictCheck,
     RemoveEmptySpecs,
     SignTransform,
     TrajCounter,
+    TransformedEnv,
 )
 
 # ---------------------------------------------------------------------- TrajCounter

@@ -9,11 +9,12 @@ from tensordict import TensorDict
 import aenv
 from aenv.specs import Bounded
 from aenv.testing import CountingEnv
-from aenv.transforms import Compose, TransformedEnv
-from aenv.transforms._t2_exports import (
+from aenv.transforms import (
+    Compose,
     FlattenObservation,
     PermuteTransform,
     SqueezeTransform,
+    TransformedEnv,
     UnsqueezeTransform,
 )
 

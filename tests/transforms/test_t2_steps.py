@@ -8,8 +8,7 @@ from tensordict import TensorDict
 
 import aenv
 from aenv.testing import CountingEnv
-from aenv.transforms import TransformedEnv
-from aenv.transforms._t2_exports import FrameSkipTransform, NoopResetEnv, TrajCounter
+from aenv.transforms import FrameSkipTransform, NoopResetEnv, TrajCounter, TransformedEnv
 
 
 async def test_frame_skip_sums_rewards():
