@@ -4,25 +4,32 @@ Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its 
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
 
+The steps travel on a TCP socket from the driver to each actor (``transport="socket"``,
+the default; :mod:`aenv.pool._ray_wire`): a Ray actor call costs ~10x a framed message
+on a socket here, so Ray places, starts, watches and kills the actors and carries no step.
+``transport="ray"`` sends the same messages as Ray actor calls instead, for a driver that
+cannot reach the actors' nodes.
+
 Whole-batch steps (``step``, ``step_and_maybe_reset`` and the rollout over the pool, masked
-ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one call per
-actor carrying its slice of the stacked input, the actor's envs stepping into its own
-preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine backend, as an
-in-process pool steps them), the stacked rows back as numpy arrays.
+ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one message per
+actor carrying the stacked input (packed once for all actors), the actor's envs stepping
+into its own preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine
+backend, as an in-process pool steps them), the stacked rows back as numpy arrays.
 
 Everything else (streaming, per-env calls, resets, the envs of a whole batch that are not
 free for the stacked path) goes per operation: the operations submitted in one turn of the
-pool's loop go to each actor as one call (``exchange``), which answers with the results
-finished by then, at least one, and envs that take their time come back in later answers,
-as they finish (an empty ``exchange`` is held open on an actor with results to come and no
-call in flight). Each answer's ``ObjectRef`` completes a future whose callback hands the
-outcomes to the pool's loop (``call_soon_threadsafe``): nothing polls. Tensors travel as
-numpy arrays, big ones out of band (through Ray's shared-memory object store).
+pool's loop go to each actor as one message (``exchange``); on the socket the actor pushes
+the results that finish in one turn of its own loop as one message, as they finish; with
+Ray calls it answers each call with the results finished by then, at least one, and an
+empty ``exchange`` is held open on an actor with results to come and no call in flight.
+Either way the pool's loop is woken by the socket's fd or a Ray future's callback
+(``call_soon_threadsafe``): nothing polls. Tensors travel as numpy arrays in one pickle
+(with Ray calls, big ones out of band, through Ray's shared-memory object store).
 
 Faults. Every actor has a call held open for its life (``watch``): when the actor's
-process dies, that call and the ``exchange`` calls in flight fail at once, the pending
-operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is started with
-fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
+process dies, that call (and its socket, or the ``exchange`` calls in flight) fail at once,
+the pending operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is
+started with fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
 was lost, as the process backend's envs of a dead worker are). A replaced env (step
 timeout, ``on_error="restart"``) is rebuilt inside its actor; an actor that does not answer
 within ``replace_timeout`` (an env blocking its event loop) is killed and started again.
@@ -89,6 +96,9 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
             (step timeout, restart) before it is killed and started again (default 2).
         start_timeout: seconds to wait for the actors to start (default 300): actors the
             cluster cannot place (not enough CPUs, GPUs or resources) fail the pool then.
+        nice: the actors' nice value (default: this process's; None keeps Ray's, 15,
+            at which a busy machine's other processes take nearly all the CPU from them);
+            lowering it needs privileges, else Ray's stays.
         transport: how the steps travel: ``"socket"`` (default), a TCP connection from
             this process to each actor (:mod:`aenv.pool._ray_wire`; the driver must
             reach the actors' nodes); ``"ray"``, Ray actor calls (~10x the per-call cost,
@@ -115,6 +125,7 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         replace_timeout: float = 2.0,
         start_timeout: float = 300.0,
         transport: str = "socket",
+        nice: int | str | None = "driver",
     ) -> None:
         super().__init__(deliver)
         if transport not in ("socket", "ray"):
@@ -143,6 +154,7 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         self.replace_timeout = replace_timeout
         self.start_timeout = start_timeout
         self.transport = transport
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0) if nice == "driver" else nice
         self._token = secrets.token_bytes(16) if transport == "socket" else None
         self._groups: list[_Group] = []
         self._group_of: list[_Group] = []
@@ -229,7 +241,7 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         g.state, g.pid = "starting", None
         g.calls, g.quiet = 0, False
         g.actor = self._actor_cls.options(**self.actor_options).remote(
-            g.blob, g.indices, self._sys_path, want_meta, self._token
+            g.blob, g.indices, self._sys_path, want_meta, self._token, self.nice
         )
         self._handles.append(g.actor)
         g.watch = g.actor.watch.remote().future()

@@ -1,7 +1,10 @@
 """The Ray actor that hosts some of a pool's sub-envs (see :mod:`aenv.pool._ray`).
 
-This module is imported inside Ray worker processes and never imports Ray itself: the
-backend turns :class:`EnvActor` into an actor class with ``ray.remote`` when it needs one.
+This module is imported inside Ray worker processes and does not import Ray at import time
+(the actor asks Ray for its node's address when it opens its socket): the backend turns
+:class:`EnvActor` into an actor class with ``ray.remote`` when it needs one. The driver's
+messages arrive on that socket (:mod:`aenv.pool._ray_wire`) or as Ray calls of the
+methods below (``transport="ray"``); either way they run the same methods.
 The actor is *async* (its methods are coroutines): Ray runs its calls concurrently on one
 event loop, so one actor steps all its envs at once. Each operation is
 :func:`aenv.pool._ops.execute` on the env, exactly as the in-process backends run it: a sync,
@@ -47,7 +50,7 @@ from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 from aenv.pool._ray_wire import ActorWire
 
-__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "unpack"]
+__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "renice", "unpack"]
 
 #: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
 #: older than one already seen for its env); the driver has forgotten such operations.
@@ -98,6 +101,24 @@ def portable(exc: BaseException) -> Failure:
     return failure
 
 
+def renice(nice: int) -> None:
+    """Run this process's threads at ``nice``, where allowed.
+
+    Ray starts its workers at nice 15 (``RAY_worker_niceness``) so that its own daemons
+    stay responsive; an actor hosting envs is the pool's workload, and at 15 it gets about
+    a thirtieth of the CPU share of a process at 0 on a busy machine (the process backend's
+    workers run at the parent's priority). Linux keeps a nice value per thread, so each
+    thread is set (those made later inherit it). Lowering it needs privileges
+    (``CAP_SYS_NICE`` or ``RLIMIT_NICE``): without them Ray's value stays."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
 def _nobody(env_index: int, outcome: Any) -> None:
     """The deliver callback of the actor's in-process host, which only ever runs whole
     batches (their outcomes are returned, never delivered)."""
@@ -125,6 +146,7 @@ class EnvActor(ActorWire):
         want_meta: build each env's :class:`~aenv.envs.EnvMetaData` (for the pool's start).
         token: the pool's secret for the direct channel (:mod:`aenv.pool._ray_wire`), or
             None when every step goes through Ray calls (``transport="ray"``).
+        nice: the nice value to run at (None: Ray's, see :func:`renice`).
     """
 
     def __init__(
@@ -134,7 +156,10 @@ class EnvActor(ActorWire):
         sys_path: list[str],
         want_meta: bool,
         token: bytes | None = None,
+        nice: int | None = None,
     ) -> None:
+        if nice is not None:
+            renice(nice)
         for entry in sys_path:
             if entry not in sys.path:
                 sys.path.append(entry)

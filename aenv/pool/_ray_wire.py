@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import pickle
 import socket
@@ -237,7 +238,7 @@ class DriverWire:
     def _watch_wire(self, g: Any) -> None:
         loop = self._loop
         if g.chan is not None and loop is not None and g.chan.loop is not loop:
-            g.chan.attach(loop, lambda: self._on_wire(g, g.gen))
+            g.chan.attach(loop, functools.partial(self._on_wire, g, g.gen))
 
     def _on_wire(self, g: Any, gen: int) -> None:
         chan = g.chan

@@ -54,6 +54,11 @@ async def test_steps_stream_seed_and_close(ray):
     try:
         pids = pool._backend.actor_pids
         assert len(set(pids)) == 2 and os.getpid() not in pids
+        if os.geteuid() == 0:  # (allowed to lower it): every thread at this process's nice
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            for pid in pids:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {mine}, pid
         assert await pool.set_seed(7) == 11
         got = await pool.rollout(6, break_when_any_done=False)
         assert torch.equal(got["next", "observation"], expected["next", "observation"])
