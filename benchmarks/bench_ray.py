@@ -5,7 +5,8 @@ runs them in 2 worker processes. Workloads:
 
 - Per-step overhead: 8 zero-cost envs (``LatencyEnv(latency=0)``), random-action
   ``rollout(steps, break_when_any_done=False)``: microseconds per env-step, which is all
-  framework cost (the env does nothing).
+  framework cost (the env does nothing); on the Ray backend both ways its steps can travel
+  (the default socket to each actor, and Ray actor calls with ``transport="ray"``).
 - CPU-bound: 8 gymnasium CartPole-v1 envs, the same rollout: env-steps/s, against
   Gymnasium ``AsyncVectorEnv`` (one process per env; in TorchRL's peer venv) where its venv
   builds.
@@ -53,12 +54,20 @@ def _cartpole() -> Any:
     return GymEnv("CartPole-v1")
 
 
+#: the Ray pools' names here: the default transport (a socket from the driver to each
+#: actor) and every step through Ray actor calls (``transport="ray"``)
+RAY_CALLS = "ray (transport='ray')"
+
+
 def _pool(fns: Any, backend: str) -> Any:
     from aenv.pool import AsyncEnvPool
 
-    if backend == "ray":
+    if backend.startswith("ray"):
         # 0.5 CPU per actor: both actors fit however few CPUs the cluster has
         options: dict[str, Any] = {"num_actors": WORKERS, "num_cpus": 0.5}
+        if backend == RAY_CALLS:
+            options["transport"] = "ray"
+        backend = "ray"
     else:
         options = {"num_workers": WORKERS}
     return AsyncEnvPool(fns, backend=backend, backend_options=options)
@@ -173,10 +182,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         carts = [_cartpole] * int(cpu["n_envs"])
         ideal = ideal_throughput(int(lat["n_envs"]), float(lat["median"]), float(lat["sigma"]))
         backends = ("process", "ray")
-        zero_res = runner.run(_rollout_rates, zero, backends, overhead)
+        zero_res = runner.run(_rollout_rates, zero, (*backends, RAY_CALLS), overhead)
         cart_res = runner.run(_rollout_rates, carts, backends, cpu)
         lat_res = runner.run(_streamed_rates, backends, lat)
-        for backend in backends:
+        for backend in (*backends, RAY_CALLS):
             res = zero_res[backend]
             rows.append(
                 {

@@ -4,25 +4,32 @@ Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its 
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
 
+The steps travel on a TCP socket from the driver to each actor (``transport="socket"``,
+the default; :mod:`aenv.pool._ray_wire`): a Ray actor call costs ~10x a framed message
+on a socket here, so Ray places, starts, watches and kills the actors and carries no step.
+``transport="ray"`` sends the same messages as Ray actor calls instead, for a driver that
+cannot reach the actors' nodes.
+
 Whole-batch steps (``step``, ``step_and_maybe_reset`` and the rollout over the pool, masked
-ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one call per
-actor carrying its slice of the stacked input, the actor's envs stepping into its own
-preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine backend, as an
-in-process pool steps them), the stacked rows back as numpy arrays.
+ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one message per
+actor carrying the stacked input (packed once for all actors), the actor's envs stepping
+into its own preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine
+backend, as an in-process pool steps them), the stacked rows back as numpy arrays.
 
 Everything else (streaming, per-env calls, resets, the envs of a whole batch that are not
 free for the stacked path) goes per operation: the operations submitted in one turn of the
-pool's loop go to each actor as one call (``exchange``), which answers with the results
-finished by then, at least one, and envs that take their time come back in later answers,
-as they finish (an empty ``exchange`` is held open on an actor with results to come and no
-call in flight). Each answer's ``ObjectRef`` completes a future whose callback hands the
-outcomes to the pool's loop (``call_soon_threadsafe``): nothing polls. Tensors travel as
-numpy arrays, big ones out of band (through Ray's shared-memory object store).
+pool's loop go to each actor as one message (``exchange``); on the socket the actor pushes
+the results that finish in one turn of its own loop as one message, as they finish; with
+Ray calls it answers each call with the results finished by then, at least one, and an
+empty ``exchange`` is held open on an actor with results to come and no call in flight.
+Either way the pool's loop is woken by the socket's fd or a Ray future's callback
+(``call_soon_threadsafe``): nothing polls. Tensors travel as numpy arrays in one pickle
+(with Ray calls, big ones out of band, through Ray's shared-memory object store).
 
 Faults. Every actor has a call held open for its life (``watch``): when the actor's
-process dies, that call and the ``exchange`` calls in flight fail at once, the pending
-operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is started with
-fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
+process dies, that call (and its socket, or the ``exchange`` calls in flight) fail at once,
+the pending operations as :class:`~aenv.exceptions.WorkerCrashedError`, and a new actor is
+started with fresh envs; until an env of the dead actor is reset, its steps fail with the same error (it
 was lost, as the process backend's envs of a dead worker are). A replaced env (step
 timeout, ``on_error="restart"``) is rebuilt inside its actor; an actor that does not answer
 within ``replace_timeout`` (an env blocking its event loop) is killed and started again.
@@ -39,6 +46,7 @@ import contextlib
 import functools
 import itertools
 import os
+import secrets
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +60,7 @@ from aenv.pool._ray_actor import EnvActor, Item, pack, unpack
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
 from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
 from aenv.pool._ray_stacked import RayStacked
+from aenv.pool._ray_wire import DriverWire
 
 __all__ = ["RayBackend"]
 
@@ -63,7 +72,7 @@ _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 DEFAULT_NUM_CPUS = 0.25
 
 
-class RayBackend(RayStacked, RayFaults, Backend):
+class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
     """Runs sub-envs in Ray actors (see the module docstring).
 
     Options (``backend_options=`` of the pool):
@@ -87,6 +96,13 @@ class RayBackend(RayStacked, RayFaults, Backend):
             (step timeout, restart) before it is killed and started again (default 2).
         start_timeout: seconds to wait for the actors to start (default 300): actors the
             cluster cannot place (not enough CPUs, GPUs or resources) fail the pool then.
+        nice: the actors' nice value (default: this process's; None keeps Ray's, 15,
+            at which a busy machine's other processes take nearly all the CPU from them);
+            lowering it needs privileges, else Ray's stays.
+        transport: how the steps travel: ``"socket"`` (default), a TCP connection from
+            this process to each actor (:mod:`aenv.pool._ray_wire`; the driver must
+            reach the actors' nodes); ``"ray"``, Ray actor calls (~10x the per-call cost,
+            for a driver outside the cluster's network, e.g. a ``ray://`` client).
     """
 
     name = "ray"
@@ -108,8 +124,12 @@ class RayBackend(RayStacked, RayFaults, Backend):
         restart_actors: bool = True,
         replace_timeout: float = 2.0,
         start_timeout: float = 300.0,
+        transport: str = "socket",
+        nice: int | str | None = "driver",
     ) -> None:
         super().__init__(deliver)
+        if transport not in ("socket", "ray"):
+            raise ValueError(f"transport must be 'socket' or 'ray', got {transport!r}")
         self._ray = import_ray()
         if num_actors is not None and envs_per_actor is not None:
             raise ValueError("pass num_actors or envs_per_actor, not both")
@@ -133,6 +153,9 @@ class RayBackend(RayStacked, RayFaults, Backend):
         self.restart_actors = restart_actors
         self.replace_timeout = replace_timeout
         self.start_timeout = start_timeout
+        self.transport = transport
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0) if nice == "driver" else nice
+        self._token = secrets.token_bytes(16) if transport == "socket" else None
         self._groups: list[_Group] = []
         self._group_of: list[_Group] = []
         self._pending: list[int | None] = []
@@ -196,7 +219,7 @@ class RayBackend(RayStacked, RayFaults, Backend):
         metas: dict[int, EnvMetaData] = {}
         for g, ref in zip(self._groups, refs):
             try:
-                pid, group_metas, broken = ray.get(ref)
+                pid, group_metas, broken, address = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 raise WorkerCrashedError(
                     f"the Ray actor for envs {g.indices} died while starting: {_first_line(exc)}"
@@ -204,6 +227,7 @@ class RayBackend(RayStacked, RayFaults, Backend):
             if broken:
                 failure = next(iter(broken.values()))
                 raise failure.exc
+            self._dial(g, address)
             g.pid, g.state = pid, "ready"
             metas.update(group_metas)
         return [metas[i] for i in range(len(self.env_fns))]
@@ -217,7 +241,7 @@ class RayBackend(RayStacked, RayFaults, Backend):
         g.state, g.pid = "starting", None
         g.calls, g.quiet = 0, False
         g.actor = self._actor_cls.options(**self.actor_options).remote(
-            g.blob, g.indices, self._sys_path, want_meta
+            g.blob, g.indices, self._sys_path, want_meta, self._token, self.nice
         )
         self._handles.append(g.actor)
         g.watch = g.actor.watch.remote().future()
@@ -235,6 +259,7 @@ class RayBackend(RayStacked, RayFaults, Backend):
             for g in self._groups:
                 if g.watch is not None:
                     self._watch(g)
+                self._watch_wire(g)
         return loop
 
     def _hop(self, fn: Callable[..., None], *args: Any) -> Callable[[Any], None]:
@@ -277,6 +302,9 @@ class RayBackend(RayStacked, RayFaults, Backend):
         seq = next(self._seq)
         self._pending[i] = seq
         g.outbox.append((i, seq, op, pack(payload)))
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
         if not self._flushing:
             self._flushing = True
             assert self._loop is not None
@@ -289,20 +317,29 @@ class RayBackend(RayStacked, RayFaults, Backend):
         self._flushing = False
         if self._closing:
             return
+        socket = self._token is not None
         for g in self._groups:
             if g.outbox:
+                if socket and g.chan is None:
+                    continue  # the actor is starting: sent once its channel is up
                 items, g.outbox = g.outbox, []
                 try:
                     self._exchange(g, items)
                 except Exception:  # Ray could not take an input (not serialisable)
                     for item in items:  # one at a time: only that env's operation fails
                         self._exchange_one(g, item)
+            elif socket:
+                continue  # (the actor pushes its results as they finish)
             elif not g.calls and not g.quiet and g.state in ("starting", "ready"):
                 pending = self._pending
                 if any(pending[i] is not None for i in g.indices):
                     self._exchange(g, [])
 
     def _exchange(self, g: _Group, items: list[Item]) -> None:
+        if self._token is not None:
+            # (a closed channel: the actor died; its death fails these operations)
+            self._wire_send(g, ("x", items))
+            return
         ref = g.actor.exchange.remote(items)
         g.calls += 1
         g.quiet = False
@@ -334,6 +371,14 @@ class RayBackend(RayStacked, RayFaults, Backend):
             answer = []
         if not answer and not items:
             g.quiet = True
+        self._on_answer(g, answer)
+        if not self._flushing and not self._closing:
+            # after the receivers woken by these results ran: their next submissions, or
+            # else an empty call to hold open for the results still to come
+            self._flush_soon()
+
+    def _on_answer(self, g: _Group, answer: list[tuple[int, int, Any]]) -> None:
+        """Deliver the results an actor answered (those not given up meanwhile)."""
         pending = self._pending
         for i, seq, packed in answer:
             if pending[i] != seq:
@@ -347,12 +392,6 @@ class RayBackend(RayStacked, RayFaults, Backend):
                 except Exception as exc:
                     outcome = Failure(exc)
             self._deliver(i, outcome)
-        if not self._flushing and not self._closing:
-            # after the receivers woken by these results ran: their next submissions, or
-            # else an empty call to hold open for the results still to come
-            self._flushing = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
 
     def cancel(self, env_index: int) -> bool:
         seq = self._pending[env_index]
@@ -366,8 +405,15 @@ class RayBackend(RayStacked, RayFaults, Backend):
                 del g.outbox[pos]
                 return True
         if g.failure is None and g.state != "closed":
-            _ignore(g.actor.cancel.remote(env_index, seq))
+            self._cancel_on(g, env_index, seq)
         return True
+
+    def _cancel_on(self, g: _Group, i: int, seq: int) -> None:
+        """Tell ``g``'s actor to give up operation ``seq`` on env ``i``."""
+        if self._token is None:
+            _ignore(g.actor.cancel.remote(i, seq))
+        else:
+            self._wire_send(g, ("c", i, seq))
 
     # ------------------------------------------------------------------ attributes
     def getattr_sync(self, env_index: int, name: str) -> Any:
@@ -385,6 +431,8 @@ class RayBackend(RayStacked, RayFaults, Backend):
     def abort(self) -> None:
         self._closing = True
         kill_actors(self._ray, self._handles)
+        for g in self._groups:
+            self._drop_wire(g, ConnectionError("the pool was closed"))
         self._finalizer.detach()
         if self._connected:
             self._connected = False
@@ -413,6 +461,7 @@ class RayBackend(RayStacked, RayFaults, Backend):
                     watch.exception()
         for g in self._groups:
             g.state = "closed"
+            self._drop_wire(g, ConnectionError("the pool was closed"))
         if self._connected:
             self._connected = False
             release()

@@ -1,7 +1,10 @@
 """The Ray actor that hosts some of a pool's sub-envs (see :mod:`aenv.pool._ray`).
 
-This module is imported inside Ray worker processes and never imports Ray itself: the
-backend turns :class:`EnvActor` into an actor class with ``ray.remote`` when it needs one.
+This module is imported inside Ray worker processes and does not import Ray at import time
+(the actor asks Ray for its node's address when it opens its socket): the backend turns
+:class:`EnvActor` into an actor class with ``ray.remote`` when it needs one. The driver's
+messages arrive on that socket (:mod:`aenv.pool._ray_wire`) or as Ray calls of the
+methods below (``transport="ray"``); either way they run the same methods.
 The actor is *async* (its methods are coroutines): Ray runs its calls concurrently on one
 event loop, so one actor steps all its envs at once. Each operation is
 :func:`aenv.pool._ops.execute` on the env, exactly as the in-process backends run it: a sync,
@@ -45,8 +48,9 @@ from aenv.pool._backend import Failure, Stacked
 from aenv.pool._codec import decode, encode
 from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
+from aenv.pool._ray_wire import ActorWire
 
-__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "unpack"]
+__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "renice", "unpack"]
 
 #: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
 #: older than one already seen for its env); the driver has forgotten such operations.
@@ -97,6 +101,24 @@ def portable(exc: BaseException) -> Failure:
     return failure
 
 
+def renice(nice: int) -> None:
+    """Run this process's threads at ``nice``, where allowed.
+
+    Ray starts its workers at nice 15 (``RAY_worker_niceness``) so that its own daemons
+    stay responsive; an actor hosting envs is the pool's workload, and at 15 it gets about
+    a thirtieth of the CPU share of a process at 0 on a busy machine (the process backend's
+    workers run at the parent's priority). Linux keeps a nice value per thread, so each
+    thread is set (those made later inherit it). Lowering it needs privileges
+    (``CAP_SYS_NICE`` or ``RLIMIT_NICE``): without them Ray's value stays."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
 def _nobody(env_index: int, outcome: Any) -> None:
     """The deliver callback of the actor's in-process host, which only ever runs whole
     batches (their outcomes are returned, never delivered)."""
@@ -113,7 +135,7 @@ def _portable(outcome: Any) -> Any:
     return failure
 
 
-class EnvActor:
+class EnvActor(ActorWire):
     """Builds envs from pickled factories and runs pool operations on them.
 
     Args:
@@ -122,11 +144,22 @@ class EnvActor:
         sys_path: entries to append to ``sys.path`` before unpickling the factories (the
             driver's own, so that factories from its project's modules import here).
         want_meta: build each env's :class:`~aenv.envs.EnvMetaData` (for the pool's start).
+        token: the pool's secret for the direct channel (:mod:`aenv.pool._ray_wire`), or
+            None when every step goes through Ray calls (``transport="ray"``).
+        nice: the nice value to run at (None: Ray's, see :func:`renice`).
     """
 
     def __init__(
-        self, blob: bytes, indices: list[int], sys_path: list[str], want_meta: bool
+        self,
+        blob: bytes,
+        indices: list[int],
+        sys_path: list[str],
+        want_meta: bool,
+        token: bytes | None = None,
+        nice: int | None = None,
     ) -> None:
+        if nice is not None:
+            renice(nice)
         for entry in sys_path:
             if entry not in sys.path:
                 sys.path.append(entry)
@@ -146,6 +179,13 @@ class EnvActor:
         # whole-batch steps (made on the first one)
         self.order = list(indices)
         self.rows_host: CoroutineBackend | None = None
+        # the direct channel (see ActorWire): its token, socket and pending pushes
+        self.token = token
+        self.chan = None
+        self._pushing = False
+        self._stacking = set()
+        self._accepting = None
+        self.address: tuple[str, int] | None = None
         try:
             fns: list[Callable[[], EnvBase]] = cloudpickle.loads(blob)
         except Exception as exc:
@@ -162,9 +202,14 @@ class EnvActor:
             except Exception as exc:
                 self.broken[i] = portable(exc)
 
-    async def ready(self) -> tuple[int, dict[int, EnvMetaData], dict[int, Failure]]:
-        """The actor's pid, the envs' metadata and the envs whose factory failed."""
-        return os.getpid(), self.metas, self.broken
+    async def ready(
+        self,
+    ) -> tuple[int, dict[int, EnvMetaData], dict[int, Failure], tuple[str, int] | None]:
+        """The actor's pid, the envs' metadata, the envs whose factory failed, and the
+        address of its direct channel (None with ``transport="ray"``)."""
+        if self.token is not None and self.address is None:
+            self.address = await self._listen(self.token)
+        return os.getpid(), self.metas, self.broken, self.address
 
     async def watch(self) -> None:
         """Never returns: the driver holds this call so that the actor's death shows at
@@ -181,10 +226,7 @@ class EnvActor:
         after it answered (as tasks, see :data:`DEFER_S`): the failure reaches the pool
         at once, whatever an env after it in the call does (a sync env blocking the
         actor's loop held back its mates' failure, which the pool acts on)."""
-        inline = True
-        for i, seq, op, packed in items:
-            if self._start(i, seq, op, packed, inline):
-                inline = False
+        self._start_all(items)
         while not self.finished and len(self.wakers) < len(self.running):
             waker = asyncio.get_running_loop().create_future()
             self.wakers.append(waker)
@@ -196,7 +238,16 @@ class EnvActor:
         answer, self.finished = self.finished, []
         return answer
 
+    def _start_all(self, items: list[Item]) -> None:
+        """Start the operations ``items``, those after one that raised inline deferred
+        (see :meth:`exchange`)."""
+        inline = True
+        for i, seq, op, packed in items:
+            if self._start(i, seq, op, packed, inline):
+                inline = False
+
     def _wake(self) -> None:
+        self._push_soon()
         wakers, self.wakers = self.wakers, []
         for waker in wakers:
             if not waker.done():
@@ -258,11 +309,18 @@ class EnvActor:
             self.finished.append((i, seq, pack(result)))
 
     async def stacked(
-        self, op: str, packed: Any, local: list[int] | None, step_timeout: float | None
+        self,
+        op: str,
+        packed: Any,
+        local: list[int] | None,
+        step_timeout: float | None,
+        whole: bool = False,
     ) -> Any:
         """One whole-batch ``op`` (``"step"`` or ``"step_and_maybe_reset"``) of this actor's
         envs, or of those at the positions ``local``; ``packed`` holds the stacked inputs
-        of all of them (this actor's slice of the pool's batch).
+        of all of them (this actor's slice of the pool's batch), or with ``whole`` the
+        pool's whole batch (packed once by the driver for all its actors: slicing and
+        packing it per actor cost the driver ~65 us per actor and step).
 
         The envs step as the coroutine backend steps a pool's envs, through it: each writes
         into its own row of preallocated stacked buffers (:class:`~aenv.pool._rows.Rows`)
@@ -279,6 +337,9 @@ class EnvActor:
             self._stop(i)  # (work the driver gave up on this env, still unwinding)
         try:
             tensordict = unpack(packed)
+            if whole:  # the pool's whole batch, packed once for every actor: these rows
+                lo = self.order[0]
+                tensordict = tensordict[lo : lo + len(self.order)]
         except Exception as exc:
             return pack(("L", [portable(exc)] * len(stepping)))
         if not self.broken:
@@ -342,6 +403,9 @@ class EnvActor:
 
     async def cancel(self, i: int, seq: int) -> None:
         """Give up operation ``seq`` on env ``i`` (running or still to come)."""
+        self._cancel_now(i, seq)
+
+    def _cancel_now(self, i: int, seq: int) -> None:
         self.latest[i] = max(self.latest.get(i, 0), seq + 1)
         self._stop(i)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Deliver, Failure
+from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ray_actor import Item
 from aenv.pool._ray_cluster import kill_actors
 
@@ -29,6 +30,7 @@ class _Group:
         "actor",
         "blob",
         "calls",
+        "chan",
         "failure",
         "gen",
         "gid",
@@ -36,6 +38,7 @@ class _Group:
         "outbox",
         "pid",
         "quiet",
+        "stacks",
         "state",
         "watch",
     )
@@ -57,6 +60,10 @@ class _Group:
         self.outbox: list[Item] = []
         self.calls = 0
         self.quiet = False
+        # the actor's direct channel (transport="socket"), and its whole-batch steps in
+        # flight on it by call id (see aenv.pool._ray_wire)
+        self.chan: Channel | None = None
+        self.stacks: dict[int, asyncio.Future[Any]] = {}
 
 
 class RayFaults:
@@ -81,6 +88,9 @@ class RayFaults:
     _hop: Callable[..., Callable[[Any], None]]
     _send: Callable[[int, str, Any], None]
     _spawn: Callable[..., None]
+    _dial: Callable[[_Group, Any], None]
+    _drop_wire: Callable[[_Group, BaseException], None]
+    _flush_soon: Callable[[], None]
 
     def replace(self, env_index: int) -> None:
         loop = self._bind()
@@ -135,11 +145,18 @@ class RayFaults:
         if g.gen != gen or g.state != "starting":
             return
         try:
-            g.pid = future.result()[0]
+            g.pid, _, _, address = future.result()
         except Exception as exc:
             self._actor_died(g, gen, exc)
             return
+        try:
+            self._dial(g, address)
+        except Exception as exc:
+            kill_actors(self._ray, [g.actor])
+            self._break(g, f"could not be reached ({_first_line(exc)})")
+            return
         g.state = "ready"
+        self._flush_soon()  # (what was submitted while it started)
         loop = self._loop
         assert loop is not None
         for i in g.indices:
@@ -165,6 +182,7 @@ class RayFaults:
             self._handles.remove(old)
         kill_actors(self._ray, [old])
         lost = f"Ray actor {g.gid} (pid {pid}) {reason}"
+        self._drop_wire(g, ChannelClosed(lost))
         for i in g.indices:
             self._lost[i] = lost
         failed = self._take_pending(g)
@@ -202,6 +220,7 @@ class RayFaults:
             f"Ray actor {g.gid} (envs {g.indices}) {reason} and was not restarted"
         )
         g.failure = Failure(err, "")
+        self._drop_wire(g, ChannelClosed(str(err)))
         with contextlib.suppress(ValueError):
             self._handles.remove(g.actor)
         failed = set(self._take_pending(g))

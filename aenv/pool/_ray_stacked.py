@@ -31,8 +31,9 @@ from tensordict import TensorDictBase
 
 from aenv.exceptions import StepTimeoutError, WorkerCrashedError
 from aenv.pool._backend import BatchCall, Failure, Stacked
+from aenv.pool._channel import ChannelClosed
 from aenv.pool._ray_actor import TIMED_OUT, pack, unpack
-from aenv.pool._ray_faults import _first_line, _Group, _ignore
+from aenv.pool._ray_faults import _first_line, _Group
 
 __all__ = ["RayStacked"]
 
@@ -54,6 +55,9 @@ class RayStacked:
     _actor_died: Callable[[_Group, int, BaseException], None]
     _restart: Callable[[_Group, str], None]
     _seq: Any
+    _token: bytes | None
+    _wire_send: Callable[[_Group, Any], bool]
+    _cancel_on: Callable[[_Group, int, int], None]
 
     def _stacks_now(self, indices: Sequence[int] | None) -> bool:
         """Whether a whole-batch step can go to the actors now: every actor up, and no
@@ -80,23 +84,42 @@ class RayStacked:
             return None
         if not self._stacks_now(indices):
             return None
-        self._bind()
+        loop = self._bind()
         inputs = inputs.exclude("next", "_step")
         wanted = None if indices is None else set(indices)
         call = _RayCall(self, op, indices, step_timeout)
+        packed = pack(inputs)  # (once: each actor takes its rows of it)
+        whole = len(self._groups) > 1
         for g in self._groups:
-            lo, hi = g.indices[0], g.indices[-1] + 1
-            part = inputs if len(self._groups) == 1 else inputs[lo:hi]
+            lo = g.indices[0]
             local = None if wanted is None else [i - lo for i in g.indices if i in wanted]
             stepping = g.indices if local is None else [lo + p for p in local]
+            args = (op, packed, local, step_timeout, whole)
             try:
-                ref = g.actor.stacked.remote(op, pack(part), local, step_timeout)
-            except Exception as exc:  # Ray could not take the input (not serialisable)
+                if self._token is not None:
+                    future = self._stack_on_wire(loop, g, args)
+                else:
+                    ref = g.actor.stacked.remote(*args)
+                    call.refs.append(ref)
+                    future = asyncio.wrap_future(ref.future())
+            except Exception as exc:  # the input cannot be pickled
                 call.calls.append((g, g.gen, stepping, Failure(exc)))
                 continue
-            call.refs.append(ref)
-            call.calls.append((g, g.gen, stepping, asyncio.wrap_future(ref.future())))
+            call.calls.append((g, g.gen, stepping, future))
         return call
+
+    def _stack_on_wire(
+        self, loop: asyncio.AbstractEventLoop, g: _Group, args: tuple[Any, ...]
+    ) -> asyncio.Future[Any]:
+        """Send a whole-batch step to ``g``'s actor on its channel; the future of its
+        answer (failed with ChannelClosed if the actor goes first)."""
+        cid = next(self._seq)
+        future = loop.create_future()
+        if not self._wire_send(g, ("s", cid, *args)):
+            future.set_exception(ChannelClosed("the actor's channel is closed"))
+        else:
+            g.stacks[cid] = future
+        return future
 
     def _give_up_stacked(self, calls: list[tuple[_Group, int, list[int], Any]]) -> None:
         """The caller was cancelled: tell the actors to stop the calls' envs."""
@@ -104,7 +127,7 @@ class RayStacked:
             if isinstance(call, Failure) or call.done() or g.gen != gen or g.state != "ready":
                 continue
             for i in stepping:
-                _ignore(g.actor.cancel.remote(i, next(self._seq)))
+                self._cancel_on(g, i, next(self._seq))
 
     def _join(
         self,
@@ -125,7 +148,7 @@ class RayStacked:
             else:
                 try:
                     parts.append(unpack(call.result()))
-                except self._ray.exceptions.RayActorError as exc:
+                except (self._ray.exceptions.RayActorError, ChannelClosed) as exc:
                     parts.append(self._died(g, gen, stepping, exc))
                 except Exception as exc:  # Ray could not run the call (an input's unpickling)
                     parts.append([Failure(exc, str(exc))] * len(stepping))

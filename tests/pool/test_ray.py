@@ -54,6 +54,11 @@ async def test_steps_stream_seed_and_close(ray):
     try:
         pids = pool._backend.actor_pids
         assert len(set(pids)) == 2 and os.getpid() not in pids
+        if os.geteuid() == 0:  # (allowed to lower it): every thread at this process's nice
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            for pid in pids:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {mine}, pid
         assert await pool.set_seed(7) == 11
         got = await pool.rollout(6, break_when_any_done=False)
         assert torch.equal(got["next", "observation"], expected["next", "observation"])
@@ -316,7 +321,7 @@ async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
     """A whole-batch step of sync envs is one call per actor, the envs stepping into their
     actor's rows: resets of the envs of one actor only, masked steps and
     ``step_and_maybe_reset`` give what the in-process pool gives; observations of hundreds
-    of KiB travel out of band (Ray's object store) and arrive whole and writable."""
+    of KiB arrive whole and writable. Steps travel on each actor's socket (the default)."""
     fns = [partial(CountingEnv, max_steps=m) for m in (2, 3, 100, 100)]
     async with AsyncEnvPool(fns) as local:
         expected = await local.rollout(5, break_when_any_done=False)
@@ -326,6 +331,7 @@ async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
         expected_masked = await local.step_and_maybe_reset(masked.clone())
     pool = ray_pool(fns, backend_options={"num_actors": 2})
     async with pool:
+        assert all(g.chan is not None for g in pool._backend._groups)
         exchanges, stacked = count_exchanges(pool), count_stacked(pool)
         td = await pool.rollout(5, break_when_any_done=False)
         # the reset: one exchange per actor, 2 envs each; then 5 whole-batch steps (the
@@ -357,3 +363,24 @@ async def test_one_call_per_actor_per_batch_and_big_tensors(ray):
         assert obs.shape == (dim,) and bool((obs == 2).all())
         obs.add_(1)  # a private, writable copy (not a read-only view of shared memory)
         assert bool((obs == 3).all())
+
+
+async def test_steps_through_ray_calls_as_through_the_socket(ray):
+    """``transport="ray"`` (every step a Ray actor call, for drivers that cannot reach the
+    actors' nodes) gives what the default socket gives: whole-batch and streamed steps."""
+    with pytest.raises(ValueError, match="transport"):
+        ray_pool([CountingEnv], backend_options={"transport": "grpc"})
+    fns = [partial(CountingEnv, max_steps=m) for m in (2, 5)]
+    async with AsyncEnvPool(fns) as local:
+        expected = await local.rollout(4, break_when_any_done=False)
+    pool = ray_pool(fns, backend_options={"transport": "ray", "num_actors": 1})
+    async with pool:
+        assert all(g.chan is None for g in pool._backend._groups)  # (no socket made)
+        got = await pool.rollout(4, break_when_any_done=False)
+        for key in (("next", "observation"), ("next", "done"), "observation"):
+            assert torch.equal(got[key], expected[key]), key
+        td = await pool.reset()
+        pool.async_step_send(pool.rand_action(td), env_index=[0, 1])
+        out = await pool.async_step_recv(min_get=2)
+        assert sorted(out["env_index"].tolist()) == [0, 1]
+        assert out["next", "observation"].flatten().tolist() == [1.0, 1.0]
