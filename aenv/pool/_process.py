@@ -100,6 +100,17 @@ _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
 
 
+class _Flags(dict[int, bytes]):
+    """``n`` -> the doorbell flags of ``n`` envs that all step and carry from "next"."""
+
+    def __missing__(self, n: int) -> bytes:
+        flags = self[n] = bytes([STEPS | CARRY_NEXT]) * n
+        return flags
+
+
+_CARRY_NEXT = _Flags()
+
+
 class _Batch(BatchCall):
     """A whole-batch call in flight (:meth:`ProcessBackend.launch`). ``raw`` for a stacked
     call: its outcomes are the workers' undecoded ``(env, code, data)`` entries at the
@@ -895,16 +906,28 @@ class ProcessBackend(ClosingMixin, Backend):
         if bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending:
             return False
         flags = None
-        if stepping is not None or carry is not None:
+        if stepping is not None:
             resets = None if carry is None else carry[1]
             flags = bytes(
                 0
-                if stepping is not None and i not in stepping
+                if i not in stepping
                 else STEPS
                 if carry is None
                 else STEPS | (CARRY_RESET if resets is not None and resets[i] else CARRY_NEXT)
                 for i in w.indices
             )
+        elif carry is not None:
+            # (the common chained step: every env steps and carries from its "next" row,
+            # those just reset from their "reset" row)
+            resets = carry[1]
+            flags = _CARRY_NEXT[len(w.indices)]
+            if resets is not None:
+                reset_here = [k for k, i in enumerate(w.indices) if resets[i]]
+                if reset_here:
+                    patched = bytearray(flags)
+                    for k in reset_here:
+                        patched[k] = STEPS | CARRY_RESET
+                    flags = bytes(patched)
         bell.ring(seq, op, bank, flags)
         return True
 

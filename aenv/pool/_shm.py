@@ -601,13 +601,9 @@ class StackedBlocks:
 
     def read(self, kind: str) -> TensorDictBase:
         """A private copy of every env's ``kind`` slot, stacked: one tensor per leaf."""
-        arrays = self.np_kinds.get(kind)
-        if arrays is not None:
-            fields = {}
-            for (key, _), views in zip(self.kinds[kind], arrays):
-                out = views[0].copy() if self.single else np.concatenate(views)
-                fields[key] = torch.from_numpy(out)
-        elif self.single:
+        # (torch here: a cat of a few tiny views costs what numpy's concatenate and the
+        # wrapping back into a tensor cost)
+        if self.single:
             fields = {key: views[0].clone() for key, views in self.kinds[kind]}
         else:
             fields = {key: torch.cat(views) for key, views in self.kinds[kind]}
