@@ -814,6 +814,9 @@ class ProcessBackend(ClosingMixin, Backend):
             # by the workers rung (each for its envs) and here for the others
             resets = [bool(o[2]) for o in after.outcomes] if after.op != "step" else None
             carry = (self._stacked[after.bank], resets)  # type: ignore[index]
+            if after.bank == batch.bank:  # (a worker carries from the other bank only)
+                self._stacked[batch.bank].carry(*carry)  # type: ignore[index]
+                carry = None
         with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
             self._send_stacked(batch, step_timeout, carry)
 
