@@ -21,8 +21,11 @@ doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and th
 rings back once all its envs' results are in the rows. What cannot come back that way (a
 failure, a pickled result, a streamed batch of a call with a step timeout) still takes a
 ``"b"`` frame, and a call is rung only when nothing waits to be written to the worker's
-socket before it, so the worker, which reads its socket before taking a call, sees every
-command in the order it was sent.
+socket before it, so the worker, which reads its socket before taking a call (when the
+doorbell's page says a frame waits there), sees every command in the order it was sent. A
+chained step of an overlapped rollout, staged with its actions only, has its observation
+and done flags carried over from the step before by the rung workers, each for its own
+envs (the parent carries those of a call sent over the socket).
 
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
