@@ -46,6 +46,10 @@ class Channel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writing = False
         self.closed = False
+        #: frames sent and frames parsed, counted from the start: a peer told how many
+        #: were sent knows without a read whether any waits for it (the doorbell's)
+        self.sent = 0
+        self.received = 0
 
     # ------------------------------------------------------------------ loop wiring
     def attach(self, loop: asyncio.AbstractEventLoop, on_readable: Callable[[], None]) -> None:
@@ -80,6 +84,7 @@ class Channel:
     def send_bytes(self, frame: bytes) -> None:
         if self.closed:
             raise ChannelClosed("the channel is closed")
+        self.sent += 1
         if self._wbuf:
             self._wbuf += frame
             return
@@ -145,6 +150,11 @@ class Channel:
         return fds
 
     @property
+    def buffered(self) -> int:
+        """Bytes read and kept for a frame not whole yet."""
+        return len(self._rbuf)
+
+    @property
     def pending(self) -> bool:
         """Whether bytes wait to be written (a frame sent now would go out after them)."""
         return bool(self._wbuf)
@@ -170,6 +180,7 @@ class Channel:
             return self._parse(self._rbuf)
         # common case: the chunk holds whole frames only; skip the buffer copy
         frames, used = _split(chunk)
+        self.received += len(frames)
         if used < len(chunk):
             # the start of a frame (all of the chunk when one frame outgrows a read)
             self._rbuf += chunk[used:]
@@ -178,6 +189,7 @@ class Channel:
     def _parse(self, buf: bytearray) -> list[Any]:
         frames, used = _split(buf)
         del buf[:used]
+        self.received += len(frames)
         return frames
 
     def take_buffered(self) -> list[Any]:
@@ -192,6 +204,7 @@ class Channel:
             frames, used = _split(self._rbuf, limit)
             if frames:
                 del self._rbuf[:used]
+                self.received += len(frames)
                 return frames
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._wait_readable(left)

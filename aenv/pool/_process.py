@@ -21,8 +21,11 @@ doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and th
 rings back once all its envs' results are in the rows. What cannot come back that way (a
 failure, a pickled result, a streamed batch of a call with a step timeout) still takes a
 ``"b"`` frame, and a call is rung only when nothing waits to be written to the worker's
-socket before it, so the worker, which reads its socket before taking a call, sees every
-command in the order it was sent.
+socket before it, so the worker, which reads its socket before taking a call (when the
+doorbell's page says a frame waits there), sees every command in the order it was sent. A
+chained step of an overlapped rollout, staged with its actions only, has its observation
+and done flags carried over from the step before by the rung workers, each for its own
+envs (the parent carries those of a call sent over the socket).
 
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
@@ -67,7 +70,7 @@ from aenv.exceptions import (
 from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._process_bell import Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -98,6 +101,17 @@ _DUMP = pickle.HIGHEST_PROTOCOL
 _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
+
+
+class _Flags(dict[int, bytes]):
+    """``n`` -> the doorbell flags of ``n`` envs that all step and carry from "next"."""
+
+    def __missing__(self, n: int) -> bytes:
+        flags = self[n] = bytes([STEPS | CARRY_NEXT]) * n
+        return flags
+
+
+_CARRY_NEXT = _Flags()
 
 
 class _Batch(BatchCall):
@@ -412,11 +426,11 @@ class ProcessBackend(ClosingMixin, Backend):
             if self._loop is not None:
                 w.bell.attach(self._loop, weak_callback(self._on_bell, w))
         w.chan.send_fds([w.region_fd, *(w.bell.fds if w.bell is not None else ())])
-        w.chan.send([("slots", w.region_size, w.layouts, w.bank_size)])
+        self._send_out(w, [("slots", w.region_size, w.layouts, w.bank_size)])
         w.state = "ready"
         if w.outbox:
             out, w.outbox = w.outbox, []
-            w.chan.send(out)
+            self._send_out(w, out)
         return metas
 
     def _note_creator_metas(self, metas: dict[int, EnvMetaData]) -> None:
@@ -452,7 +466,15 @@ class ProcessBackend(ClosingMixin, Backend):
             if w.outbox and w.state == "ready" and w.chan is not None:
                 out, w.outbox = w.outbox, []
                 with contextlib.suppress(ChannelClosed):
-                    w.chan.send(out)
+                    self._send_out(w, out)
+
+    def _send_out(self, w: _Worker, out: list[tuple[Any, ...]]) -> None:
+        """Send a frame of commands to ``w``; its doorbell's page counts it, so that the
+        worker, rung, reads its socket first only when a frame waits there."""
+        assert w.chan is not None
+        w.chan.send(out)
+        if w.bell is not None:
+            w.bell.note_sent(w.chan.sent)
 
     def _on_readable(self, w: _Worker) -> None:
         chan = w.chan
@@ -789,12 +811,17 @@ class ProcessBackend(ClosingMixin, Backend):
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if not after.in_blocks() or self._closing or self._fences or self._refusing():
             return
-        staged = self._stacked[batch.bank]  # type: ignore[index]
-        if staged.partial:  # only the actions were staged: the rest is what ``after`` gave
+        carry = None
+        if self._stacked[batch.bank].partial:  # type: ignore[index]
+            # only the actions were staged: the rest is what ``after`` gave, carried over
+            # by the workers rung (each for its envs) and here for the others
             resets = [bool(o[2]) for o in after.outcomes] if after.op != "step" else None
-            staged.carry(self._stacked[after.bank], resets)  # type: ignore[index]
+            carry = (self._stacked[after.bank], resets)  # type: ignore[index]
+            if after.bank == batch.bank:  # (a worker carries from the other bank only)
+                self._stacked[batch.bank].carry(*carry)  # type: ignore[index]
+                carry = None
         with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
-            self._send_stacked(batch, step_timeout)
+            self._send_stacked(batch, step_timeout, carry)
 
     def _stacked_call(self, op: str, bank: int, indices: Sequence[int] | None = None) -> _Batch:
         n = self._stacked[bank].n  # type: ignore[index]
@@ -811,18 +838,26 @@ class ProcessBackend(ClosingMixin, Backend):
                     batch.left -= 1
         return batch
 
-    def _send_stacked(self, batch: _Batch, step_timeout: float | None) -> None:
+    def _send_stacked(
+        self,
+        batch: _Batch,
+        step_timeout: float | None,
+        carry: tuple[StackedBlocks, list[bool] | None] | None = None,
+    ) -> None:
         """Send a stacked call's commands: one ``("batch", ...)`` per worker with envs to
-        step."""
+        step, or its doorbell. ``carry``: the call's inputs were staged without their
+        carried leaves, to be taken from these results (and reset flags) of the call
+        before: a rung worker carries its envs' itself, the parent the others'."""
         op, bank = batch.op, batch.bank
         timed = step_timeout is not None
         seq = next(self._seq)
         inflight, batch_of = self._inflight, self._batch_of
         current = (seq, op)
         stepping = batch.stepping
+        staged = self._stacked[bank]  # type: ignore[index]
         # (no _last_cmd: it is only read back for resets)
         try:
-            for w in self._workers:
+            for part, w in enumerate(self._workers):
                 if stepping is None:
                     envs = w.indices
                     items = w.stacked_items
@@ -836,11 +871,14 @@ class ProcessBackend(ClosingMixin, Backend):
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                if timed or not self._ring(w, seq, op, bank, stepping):
+                if timed or not self._ring(w, seq, op, bank, stepping, carry):
+                    if carry is not None:
+                        staged.carry(carry[0], carry[1], [part])
                     self._send_batch(w, seq, op, items, timed, bank)
         except BaseException:
             self._abandon(batch)
             raise
+        staged.partial = False
         batch.sent = True
         if step_timeout is not None and batch.left:
             self._start_timer(batch, step_timeout)
@@ -859,7 +897,13 @@ class ProcessBackend(ClosingMixin, Backend):
         self._abandon(batch)
 
     def _ring(
-        self, w: _Worker, seq: int, op: str, bank: int, stepping: frozenset[int] | None
+        self,
+        w: _Worker,
+        seq: int,
+        op: str,
+        bank: int,
+        stepping: frozenset[int] | None,
+        carry: tuple[StackedBlocks, list[bool] | None] | None = None,
     ) -> bool:
         """Start a stacked call's share of ``w`` with its doorbell; False (nothing done)
         where the socket must carry it: no doorbell, a worker not ready, or commands still
@@ -867,8 +911,30 @@ class ProcessBackend(ClosingMixin, Backend):
         bell, chan = w.bell, w.chan
         if bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending:
             return False
-        steps = None if stepping is None else [i in stepping for i in w.indices]
-        bell.ring(seq, op, bank, steps)
+        flags = None
+        if stepping is not None:
+            resets = None if carry is None else carry[1]
+            flags = bytes(
+                0
+                if i not in stepping
+                else STEPS
+                if carry is None
+                else STEPS | (CARRY_RESET if resets is not None and resets[i] else CARRY_NEXT)
+                for i in w.indices
+            )
+        elif carry is not None:
+            # (the common chained step: every env steps and carries from its "next" row,
+            # those just reset from their "reset" row)
+            resets = carry[1]
+            flags = _CARRY_NEXT[len(w.indices)]
+            if resets is not None:
+                reset_here = [k for k, i in enumerate(w.indices) if resets[i]]
+                if reset_here:
+                    patched = bytearray(flags)
+                    for k in reset_here:
+                        patched[k] = STEPS | CARRY_RESET
+                    flags = bytes(patched)
+        bell.ring(seq, op, bank, flags)
         return True
 
     def _send_batch(
@@ -887,7 +953,7 @@ class ProcessBackend(ClosingMixin, Backend):
             out, w.outbox = w.outbox, []
             # a closed channel: its reader sees the EOF and fails the batch's envs
             with contextlib.suppress(ChannelClosed):
-                w.chan.send(out)
+                self._send_out(w, out)
 
     def _pending(self, batch: _Batch) -> list[tuple[int, int]]:
         """(position, env) of the envs of ``batch`` still working."""

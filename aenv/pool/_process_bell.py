@@ -7,8 +7,14 @@ a frame and a socket write per batch (the write that wakes the other end being t
 dearest single item of the parent's batch step). The doorbell carries them instead: a small
 shared page and two ``eventfd`` counters per worker.
 
-* go: the parent writes the op, the bank and which of the worker's envs step into the
-  page, then the call's sequence number, then adds 1 to the go counter.
+* go: the parent writes the op, the bank, one byte per env of the worker (whether it steps,
+  and whether it first carries its input's observation and done flags over from the other
+  bank's results: a chained step's, see :meth:`~aenv.pool._shm.StackedBlocks.carry`)
+  into the page, then the call's sequence number, then adds 1 to the go counter.
+* frames: after each frame it writes to the worker's socket, the parent writes how many it
+  wrote so far into the page. Rung, the worker reads its socket first only when a frame
+  waits there (a cancel or replace sent before it took the call must be seen first), which
+  spares it a read per step.
 * done: once every env answered with its results in the rows, the worker writes each
   env's outcome flag (0: not part of it, 1: in the rows, 2: in the rows and reset), then
   the sequence number, then adds 1 to the done counter (the parent's loop watches it).
@@ -20,9 +26,9 @@ pipe wake-up costs about half a socket write, and a shared-memory flag with a sh
 before sleeping was slower at every cost per step (the spinner takes a core from the
 workers), so the doorbell sleeps at once.
 
-The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence
-at 16, then one byte per env of the worker saying whether it steps, then one outcome byte
-per env. The counters and the page's writes are ordered by the eventfd syscalls (a full
+The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence at 16, ``<q``
+frames sent at 24, then one byte per env of the worker (:data:`STEPS`, :data:`CARRY_NEXT`,
+:data:`CARRY_RESET` bits), then one outcome byte per env. The counters and the page's writes are ordered by the eventfd syscalls (a full
 barrier on both sides).
 """
 
@@ -36,13 +42,18 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 
-__all__ = ["OPS", "Bell"]
+__all__ = ["CARRY_NEXT", "CARRY_RESET", "OPS", "STEPS", "STEP_BITS", "Bell"]
 
 #: op names by their code in the page
 OPS = ("step", "step_and_maybe_reset")
 _CODE = {op: k for k, op in enumerate(OPS)}
 _SEQ = struct.Struct("<q")
-_GO, _OP, _BANK, _DONE, _MASK = 0, 8, 9, 16, 24
+_GO, _OP, _BANK, _DONE, _SENT, _MASK = 0, 8, 9, 16, 24, 32
+#: an env's byte: it steps; before, it carries its input over from the other bank's
+#: ``"next"`` row, or from its ``"reset"`` row (it was reset)
+STEPS, CARRY_NEXT, CARRY_RESET = 1, 2, 4
+#: a byte of the page, reduced to its :data:`STEPS` bit (``bytes.translate``)
+STEP_BITS = bytes(b & STEPS for b in range(256))
 
 
 def _close(fds: list[int], page: mmap.mmap) -> None:
@@ -82,6 +93,7 @@ class Bell:
         self.page_fd, self.go_fd, self.done_fd = self.fds
         self.page = mmap.mmap(self.page_fd, size)
         self._res = _MASK + n
+        self._all = bytes([STEPS]) * n
         #: the last sequence number taken from the page (go on the worker, done on the parent)
         self.taken = 0
         self._finalizer = weakref.finalize(self, _close, self.fds, self.page)
@@ -118,14 +130,19 @@ class Bell:
         self._finalizer()
 
     # ------------------------------------------------------------------ parent side
-    def ring(self, seq: int, op: str, bank: int, steps: Sequence[bool] | None) -> None:
-        """Start call ``seq``: ``op`` on bank ``bank`` for the envs ``steps`` flags (every
-        env when None)."""
+    def note_sent(self, sent: int) -> None:
+        """``sent`` frames were written to the worker's socket so far."""
+        _SEQ.pack_into(self.page, _SENT, sent)
+
+    def ring(self, seq: int, op: str, bank: int, flags: bytes | None) -> None:
+        """Start call ``seq``: ``op`` on bank ``bank``, one byte of :data:`STEPS` /
+        :data:`CARRY_NEXT` / :data:`CARRY_RESET` bits per env in ``flags`` (every env
+        steps, nothing carried, when None)."""
         page = self.page
         page[_OP] = _CODE[op]
         page[_BANK] = bank
         n = self.n
-        page[_MASK : _MASK + n] = b"\x01" * n if steps is None else bytes(map(bool, steps))
+        page[_MASK : _MASK + n] = self._all if flags is None else flags
         _SEQ.pack_into(page, _GO, seq)
         os.eventfd_write(self.go_fd, 1)
 
@@ -141,9 +158,13 @@ class Bell:
         return seq, self.page[self._res : self._res + self.n]
 
     # ------------------------------------------------------------------ worker side
+    def sent(self) -> int:
+        """The number of socket frames the parent had written when it rang last."""
+        return int(_SEQ.unpack_from(self.page, _SENT)[0])
+
     def take_go(self) -> tuple[int, str, int, bytes] | None:
-        """The call rung and not taken yet: sequence number, op, bank, one byte per env
-        saying whether it steps; None when there is none (taken already)."""
+        """The call rung and not taken yet: sequence number, op, bank, one byte of flags
+        per env (see :meth:`ring`); None when there is none (taken already)."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.go_fd)
         seq = _SEQ.unpack_from(self.page, _GO)[0]

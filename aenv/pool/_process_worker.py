@@ -65,9 +65,9 @@ from aenv.exceptions import EnvStepError
 from aenv.pool import _codec as codec
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ops import drive, execute, execute_inline, lean_inline, runs_inline, step_rows
-from aenv.pool._process_bell import Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, Bell
 from aenv.pool._process_support import close_inherited
-from aenv.pool._shm import Slot, map_region, map_slots
+from aenv.pool._shm import Slot, carry_pairs, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
@@ -289,6 +289,8 @@ class _Runtime:
         self.local = {i: j for j, i in enumerate(self.indices)}
         #: per doorbell mask: the ``(env, None)`` items of the batch it starts
         self.bell_items: dict[bytes, list[tuple[int, None]]] = {}
+        #: (bank, env) -> its carried input leaves and their sources (see :meth:`_carry`)
+        self.carries: dict[tuple[int, int], list[tuple[Any, Any, Any]]] = {}
         self.envs = envs
         self.fns = fns
         self.slots = slots  # bank 0's
@@ -334,30 +336,60 @@ class _Runtime:
     def _on_bell(self) -> None:
         """The doorbell rang: a stacked step of some of this worker's envs, inputs in the
         rows of the bank it names. Commands the parent wrote to the socket before ringing
-        are handled first (a cancel or replace must not find the step already run)."""
+        are handled first (a cancel or replace must not find the step already run): the
+        page says how many frames it wrote, so the socket is read only when one waits."""
         bell = self.bell
         assert bell is not None
-        self._on_readable()
+        chan = self.chan
+        sent = bell.sent()
+        while chan.received < sent:
+            before = chan.received, chan.buffered
+            self._on_readable()
+            if self.done.done() or (chan.received, chan.buffered) == before:
+                break  # (the peer is gone, or the rest is not here: the reader takes it)
         if self.done.done():
             return
         go = bell.take_go()
         if go is None:
             return  # taken with an earlier ring
-        seq, op, bank, mask = go
-        items = self.bell_items.get(mask)
+        seq, op, bank, flags = go
+        steps = flags.translate(STEP_BITS)
+        items = self.bell_items.get(steps)
         if items is None:
-            items = self.bell_items[mask] = [
-                (i, None) for i, flag in zip(self.indices, mask) if flag
+            items = self.bell_items[steps] = [
+                (i, None) for i, flag in zip(self.indices, steps) if flag
             ]
         if self.skip:
             skip = self.skip
             items = [item for item in items if skip.pop(item[0], None) != seq]
             if not items:
                 return
+        if flags != steps:
+            self._carry(bank, items, flags)
         batch = _Batch(seq, len(items), False, bank)
         batch.rung = True
         self._slot_batch(seq, op, items, batch)
         self._flush()
+
+    def _carry(self, bank: int, items: list[tuple[int, None]], flags: bytes) -> None:
+        """Fill the envs' carried input leaves in ``bank`` from their results in the other
+        bank (:func:`~aenv.pool._shm.carry_pairs`), as the parent's flags say."""
+        local, carries = self.local, self.carries
+        for i, _ in items:
+            flag = flags[local[i]]
+            if not flag & (CARRY_NEXT | CARRY_RESET):
+                continue
+            pairs = carries.get((bank, i))
+            if pairs is None:
+                slots, other = self.banks[bank].get(i), self.banks[1 - bank].get(i)
+                assert slots is not None and other is not None
+                pairs = carries[bank, i] = carry_pairs(slots["in"], other["next"], other["reset"])
+            if flag & CARRY_RESET:
+                for dst, _, src in pairs:
+                    dst[...] = src
+            else:
+                for dst, src, _ in pairs:
+                    dst[...] = src
 
     def _handle_frames(self, frames: list[Any]) -> None:
         for frame in frames:

@@ -32,6 +32,7 @@ import os
 import tempfile
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -42,6 +43,8 @@ __all__ = [
     "Block",
     "Slot",
     "StackedBlocks",
+    "carried_keys",
+    "carry_pairs",
     "make_region",
     "map_blocks",
     "map_region",
@@ -286,6 +289,57 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
+def _cols(cols: list[tuple[Any, list[torch.Tensor]]]) -> list[list[Any]]:
+    return [views for _, views in cols]
+
+
+def _as_numpy(view: torch.Tensor) -> np.ndarray | None:
+    """A numpy array over the same memory as ``view``; None for a dtype numpy lacks."""
+    try:
+        return view.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _numpy_cols(cols: list[tuple[Any, list[torch.Tensor]]]) -> list[list[Any]] | None:
+    out: list[list[Any]] = []
+    for _, views in cols:
+        arrays = [_as_numpy(view) for view in views]
+        if any(a is None for a in arrays):
+            return None
+        out.append(arrays)
+    return out
+
+
+def carry_pairs(slot_in: Slot, slot_next: Slot, slot_reset: Slot) -> list[tuple[Any, Any, Any]]:
+    """One env's carried input leaves (see :func:`carried_keys`) with the result leaves
+    they come from, as ``(in, next, reset)`` numpy arrays (torch tensors for a dtype numpy
+    lacks). A worker told to carry (:mod:`aenv.pool._process_bell`) copies one of the two
+    sources into the input before the step, as :meth:`StackedBlocks.carry` does here."""
+    out: list[tuple[Any, Any, Any]] = []
+    for key in carried_keys(slot_in.by_key.items(), slot_next.by_key, slot_reset.by_key):
+        dst, nxt, rst = slot_in.by_key[key], slot_next.by_key[key], slot_reset.by_key[key]
+        a, b, c = _as_numpy(dst), _as_numpy(nxt), _as_numpy(rst)
+        out.append((dst, nxt, rst) if a is None or b is None or c is None else (a, b, c))
+    return out
+
+
+def carried_keys(
+    inputs: Any, nxt: dict[Any, torch.Tensor], rst: dict[Any, torch.Tensor]
+) -> list[Any]:
+    """The input leaves a step's results give the next step (observation, done flags):
+    those ``(key, tensor)`` of ``inputs`` that the reset and the step both give, alike.
+    An overlapped rollout stages only the actions and has these carried over."""
+    out = []
+    for key, dst in inputs:
+        a, b = nxt.get(key), rst.get(key)
+        if a is None or b is None:
+            continue
+        if dst.dtype == a.dtype == b.dtype and dst.shape == a.shape == b.shape:
+            out.append(key)
+    return out
+
+
 class Block:
     """One kind of slot of a group of like envs, as one batched view: row ``r`` is the
     slot of the group's ``r``-th env. :meth:`read_rows` copies some rows out at once."""
@@ -360,6 +414,8 @@ class StackedBlocks:
         "in_keys",
         "kinds",
         "n",
+        "np_in",
+        "np_kinds",
         "partial",
         "single",
         "slices",
@@ -384,13 +440,25 @@ class StackedBlocks:
             for _, views in self.kinds["in"]
         ]
         self.dsts = [view for _, views in self.kinds["in"] for view in views]
-        # the input leaves a step's results give the next step (observation, done flags):
         # an overlapped rollout stages only the actions and has the rest carried over
         # (:meth:`carry`) once the step before has come back
-        produced = {key for key, _ in self.kinds["reset"]}
-        self.carried = frozenset(key for key in self.in_keys if key in produced)
+        firsts = {
+            kind: {key: views[0][0] for key, views in cols} for kind, cols in self.kinds.items()
+        }
+        self.carried = frozenset(
+            carried_keys(
+                [(key, views[0][0]) for key, views in self.kinds["in"]],
+                firsts["next"],
+                firsts["reset"],
+            )
+        )
         #: the last write left the carried leaves out (they hold stale values)
         self.partial = False
+        #: per kind, each leaf's parts as numpy arrays (None: some dtype numpy lacks)
+        self.np_kinds: dict[str, list[list[Any]] | None] = {
+            kind: _numpy_cols(cols) for kind, cols in self.kinds.items()
+        }
+        self.np_in = self.np_kinds["in"]
 
     @classmethod
     def plan(cls, parts: list[tuple[dict[str, Block], int, int]]) -> StackedBlocks | None:
@@ -427,68 +495,114 @@ class StackedBlocks:
         if type(td) is not TensorDict or td.batch_size != self.batch_size:
             return False
         entries = td._tensordict
-        srcs: list[torch.Tensor] = []
         for key, (dtype, shape) in zip(self.in_keys, self.expected):
             value = entries.get(key)
             if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
                 if value is None and key in self.carried:
                     return self._write_partial(entries)
                 return False
+        self._copy_in(self.kinds["in"], entries, self.np_in, None)
+        self.partial = False
+        return True
+
+    def _copy_in(
+        self,
+        cols: list[tuple[str, list[torch.Tensor]]],
+        entries: dict[str, Any],
+        arrays: list[list[Any]] | None,
+        skip: frozenset[str] | None,
+    ) -> None:
+        """Copy ``entries`` (checked already) into the parts' views of ``cols``: through
+        numpy where the leaves allow it (a tiny copy costs a tenth of torch's there)."""
+        slices = self.slices
+        if arrays is not None:
+            for (key, _), views in zip(cols, arrays):
+                if skip is not None and key in skip:
+                    continue
+                value = entries[key]
+                if value.requires_grad:
+                    value = value.detach()
+                src = value.numpy()
+                if self.single:
+                    views[0][...] = src
+                else:
+                    for view, (start, stop) in zip(views, slices):
+                        view[...] = src[start:stop]
+            return
+        dsts: list[Any] = []
+        srcs: list[Any] = []
+        for key, views in cols:
+            if skip is not None and key in skip:
+                continue
+            value = entries[key]
+            dsts.extend(views)
             if self.single:
                 srcs.append(value)
             else:
-                srcs.extend(value[start:stop] for start, stop in self.slices)
-        _copy_all(self.dsts, srcs)
-        self.partial = False
-        return True
+                srcs.extend(value[start:stop] for start, stop in slices)
+        _copy_all(dsts, srcs)
 
     def _write_partial(self, entries: dict[str, Any]) -> bool:
         """:meth:`write_inputs` of an input without (some of) the carried leaves: the
         others go in and :attr:`partial` is set, so that the blocks are sent only after a
-        :meth:`carry`. False (nothing written) when another leaf is missing or misfits."""
-        srcs: list[torch.Tensor] = []
-        dsts: list[torch.Tensor] = []
-        for (key, views), (dtype, shape) in zip(self.kinds["in"], self.expected):
+        :meth:`carry` (here, or by the workers). False (nothing written) when another leaf
+        is missing or misfits."""
+        for key, (dtype, shape) in zip(self.in_keys, self.expected):
             if key in self.carried:
                 continue
             value = entries.get(key)
             if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
                 return False
-            dsts.extend(views)
-            if self.single:
-                srcs.append(value)
-            else:
-                srcs.extend(value[start:stop] for start, stop in self.slices)
-        _copy_all(dsts, srcs)
+        self._copy_in(self.kinds["in"], entries, self.np_in, self.carried)
         self.partial = True
         return True
 
-    def carry(self, src: StackedBlocks, resets: list[bool] | None) -> None:
+    def carry(
+        self, src: StackedBlocks, resets: list[bool] | None, parts: list[int] | None = None
+    ) -> None:
         """Fill the carried input leaves from the results in ``src`` (the other bank) of
         the step before: each env's ``"next"`` values, or its ``"reset"`` ones where
-        ``resets`` flags it (what ``step_mdp`` and the resets make the next input)."""
-        nxt = dict(src.kinds["next"])
-        rst = dict(src.kinds["reset"])
-        dsts: list[torch.Tensor] = []
-        srcs: list[torch.Tensor] = []
-        for key, views in self.kinds["in"]:
-            if key in self.carried:
-                dsts.extend(views)
-                srcs.extend(nxt[key])
-        _copy_all(dsts, srcs)
-        if resets is not None and any(resets):
-            for part, (start, stop) in enumerate(self.slices):
-                rows = [r - start for r in range(start, stop) if resets[r]]
-                if not rows:
+        ``resets`` flags it (what ``step_mdp`` and the resets make the next input). Only
+        the parts ``parts`` (all when None): a worker rung with its share carries the rest
+        itself (:func:`carry_pairs`)."""
+        in_cols: list[list[Any]]
+        next_cols: list[list[Any]]
+        reset_cols: list[list[Any]]
+        arrays = (self.np_in, src.np_kinds["next"], src.np_kinds["reset"])
+        use_np = arrays[0] is not None and arrays[1] is not None and arrays[2] is not None
+        if use_np:
+            in_cols, next_cols, reset_cols = arrays  # type: ignore[assignment]
+        else:
+            in_cols, next_cols, reset_cols = (
+                _cols(self.kinds["in"]),
+                _cols(src.kinds["next"]),
+                _cols(src.kinds["reset"]),
+            )
+        nxt = dict(zip([key for key, _ in src.kinds["next"]], next_cols))
+        rst = dict(zip([key for key, _ in src.kinds["reset"]], reset_cols))
+        for part, (start, stop) in enumerate(self.slices):
+            if parts is not None and part not in parts:
+                continue
+            rows = [r - start for r in range(start, stop) if resets is not None and resets[r]]
+            for (key, _), views in zip(self.kinds["in"], in_cols):
+                if key not in self.carried:
                     continue
-                index = torch.tensor(rows)
-                for key, views in self.kinds["in"]:
-                    if key in self.carried:
-                        views[part].index_copy_(0, index, rst[key][part].index_select(0, index))
+                dst, from_next, from_reset = views[part], nxt[key][part], rst[key][part]
+                if use_np:
+                    dst[...] = from_next
+                    if rows:
+                        dst[rows] = from_reset[rows]
+                else:
+                    dst.copy_(from_next)
+                    if rows:
+                        index = torch.tensor(rows)
+                        dst.index_copy_(0, index, from_reset.index_select(0, index))
         self.partial = False
 
     def read(self, kind: str) -> TensorDictBase:
         """A private copy of every env's ``kind`` slot, stacked: one tensor per leaf."""
+        # (torch here: a cat of a few tiny views costs what numpy's concatenate and the
+        # wrapping back into a tensor cost)
         if self.single:
             fields = {key: views[0].clone() for key, views in self.kinds[kind]}
         else:

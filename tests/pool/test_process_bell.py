@@ -12,7 +12,7 @@ import pytest
 
 from aenv import PoolError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
-from aenv.pool._process_bell import Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, STEPS, Bell
 from aenv.testing import CountingEnv
 
 pytestmark = [
@@ -56,8 +56,13 @@ def test_a_call_is_taken_once_and_answered_once():
     worker = Bell(3, [os.dup(fd) for fd in parent.fds])
     try:
         assert worker.take_go() is None  # nothing rung yet
-        parent.ring(5, "step_and_maybe_reset", 1, [True, False, True])
-        assert worker.take_go() == (5, "step_and_maybe_reset", 1, b"\x01\x00\x01")
+        assert worker.sent() == 0
+        parent.note_sent(3)  # frames written to the worker's socket so far
+        assert worker.sent() == 3
+        flags = bytes([STEPS | CARRY_NEXT, 0, STEPS | CARRY_RESET])
+        parent.ring(5, "step_and_maybe_reset", 1, flags)
+        assert worker.take_go() == (5, "step_and_maybe_reset", 1, flags)
+        assert flags.translate(STEP_BITS) == b"\x01\x00\x01"  # which envs step
         assert worker.take_go() is None  # taken
         parent.ring(6, "step", 0, None)
         parent.ring(7, "step", 0, None)

@@ -160,11 +160,11 @@ def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
     banks = Launches()
     send = ProcessBackend._send_stacked
 
-    def spy(self: Any, batch: Any, step_timeout: float | None) -> Any:
+    def spy(self: Any, batch: Any, step_timeout: float | None, carry: Any = None) -> Any:
         if batch.after is not None:
             banks.chained.append(len(banks))
         banks.append(batch.bank)
-        return send(self, batch, step_timeout)
+        return send(self, batch, step_timeout, carry)
 
     monkeypatch.setattr(ProcessBackend, "_send_stacked", spy)
     return banks
