@@ -49,18 +49,18 @@ def share_specs(envs: Sequence[EnvBase]) -> None:
 
 def env_metadata(envs: Sequence[EnvBase]) -> list[EnvMetaData]:
     """Each env's :class:`~aenv.envs._utils.EnvMetaData`, one object for the envs that
-    would give equal ones: the same class (with EnvBase's ``repr``), batch size, device and
-    batch lock, holding the same shared spec objects (locked, so never changed in place)."""
+    would give equal ones: the same class and ``repr``, batch size, device and batch lock,
+    holding the same shared spec objects (locked, so never changed in place)."""
     metas: list[EnvMetaData] = []
     kinds: dict[tuple[Any, ...], EnvMetaData] = {}
     for env in envs:
-        cls = type(env)
-        if env._spec_share is None or cls.__repr__ is not EnvBase.__repr__:
+        if env._spec_share is None:
             metas.append(EnvMetaData.metadata_from_env(env))
             continue
         d = env.__dict__
         key = (
-            cls,
+            type(env),
+            repr(env),
             id(d["output_spec"]),
             id(d["input_spec"]),
             env.batch_size,
