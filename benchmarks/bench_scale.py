@@ -20,7 +20,8 @@ What it compares (all aenv, one run):
   TensorDict per step. Each row runs in a fresh interpreter; besides % of ideal it gives
   the CPU time per env-step and the part of it the cyclic garbage collector took (both
   counted from the first send; the collector's time with ``gc.callbacks``), with the
-  collector as is and with ``gc.freeze()`` after the build;
+  pool's collector policy as it is by default (``gc_freeze``: pools of 1,024 envs or more
+  freeze what their build and first reset made, see ``aenv/pool/_gc.py``) and turned off;
 * the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes.
 
 Run: ``python benchmarks/bench_scale.py [--quick]``
@@ -54,12 +55,14 @@ def _backends() -> list[str]:
     return [b for b in ("coroutine", "thread", "process") if b in BACKENDS]
 
 
-def _make_pool(n: int, backend: str = "coroutine", **env_kwargs: Any) -> Any:
+def _make_pool(
+    n: int, backend: str = "coroutine", gc_freeze: bool | None = None, **env_kwargs: Any
+) -> Any:
     from aenv.pool import AsyncEnvPool
     from aenv.testing import LatencyEnv
 
     fns = [partial(LatencyEnv, seed=i, **env_kwargs) for i in range(n)]
-    return AsyncEnvPool(fns, backend=backend)
+    return AsyncEnvPool(fns, backend=backend, gc_freeze=gc_freeze)
 
 
 async def stream_rate(pool: Any, duration: float) -> float:
@@ -156,16 +159,14 @@ async def _stream_run(
     median: float,
     sigma: float,
     duration: float,
-    freeze: bool,
+    gc_freeze: bool | None,
     clock: _GcClock | None = None,
 ) -> tuple[int, float]:
     """The streaming loop of :func:`stream_rate` on ``n`` LatencyEnvs: steps returned in
     ``duration`` from the first send, and the CPU time the loop took."""
-    pool = _make_pool(n, median=median, sigma=sigma)
+    pool = _make_pool(n, gc_freeze=gc_freeze, median=median, sigma=sigma)
     try:
         td = await pool.reset()
-        if freeze:
-            gc.freeze()
         actions = pool.rand_action(td)
         if clock is not None:
             clock.restart()
@@ -184,13 +185,11 @@ async def _stream_run(
         return count, time.process_time() - c0
     finally:
         await pool.aclose()
-        if freeze:
-            gc.unfreeze()
 
 
 def _limit_one(n: int, median: float, mode: str, duration: float) -> dict[str, Any]:
     """One row cell of :func:`limit_rows`, in this (fresh) process: ``mode`` is "limit",
-    "aenv" or "freeze" (aenv with ``gc.freeze()`` after the build and reset)."""
+    "aenv" or "nofreeze" (aenv with ``gc_freeze=False``)."""
     clock = _GcClock()
     gc.collect()
     if mode == "limit":
@@ -198,7 +197,9 @@ def _limit_one(n: int, median: float, mode: str, duration: float) -> dict[str, A
         steps, cpu = anyio.run(_limit_run, n, median, 1.0, duration, clock)
     else:
         gc.callbacks.append(clock)
-        steps, cpu = anyio.run(_stream_run, n, median, 1.0, duration, mode == "freeze", clock)
+        steps, cpu = anyio.run(
+            _stream_run, n, median, 1.0, duration, False if mode == "nofreeze" else None, clock
+        )
     gc.callbacks.remove(clock)
     if not steps:  # nothing came back in time (an overloaded machine): no per-step figure
         return {"steps": 0, "cpu_us": None, "gc_us": None, "full": clock.full}
@@ -234,7 +235,7 @@ def limit_rows(quick: bool) -> list[dict[str, Any]]:
             "N / E[latency]": n / expected_latency(median, 1.0),
             "ideal env-steps/s": ideal / duration,
         }
-        for mode in ("limit", "aenv", "freeze"):
+        for mode in ("limit", "aenv", "nofreeze"):
             out = subprocess.run(
                 [sys.executable, __file__, "--limit-one", str(n), str(median), mode, str(duration)],
                 capture_output=True,
@@ -242,7 +243,7 @@ def limit_rows(quick: bool) -> list[dict[str, Any]]:
                 check=True,
             ).stdout
             cell = json.loads(out.strip().splitlines()[-1])
-            name = {"limit": "limit", "aenv": "aenv", "freeze": "aenv, gc.freeze()"}[mode]
+            name = {"limit": "limit", "aenv": "aenv", "nofreeze": "aenv, gc_freeze=False"}[mode]
             row[f"{name} %"] = 100 * cell["steps"] / ideal
             row[f"{name} CPU us/step"] = cell["cpu_us"]
             if mode != "limit":
@@ -386,7 +387,9 @@ def _memory_one(n: int) -> dict[str, Any]:
     proc = psutil.Process(os.getpid())
     fns = [partial(LatencyEnv, seed=i, latency=0.0) for i in range(n)]
     gc.collect()
-    before, objs_before = proc.memory_info().rss, len(gc.get_objects())
+    # (frozen objects are in no generation: count them too)
+    before = proc.memory_info().rss
+    objs_before = len(gc.get_objects()) + gc.get_freeze_count()
     clock = _GcClock()
 
     async def build_and_reset() -> tuple[float, float, int, int]:
@@ -402,7 +405,8 @@ def _memory_one(n: int) -> dict[str, Any]:
             finally:
                 gc.callbacks.remove(clock)
             gc.collect()
-            return built, reset, proc.memory_info().rss, len(gc.get_objects())
+            objs = len(gc.get_objects()) + gc.get_freeze_count()
+            return built, reset, proc.memory_info().rss, objs
         finally:
             await pool.aclose()
 
