@@ -43,7 +43,7 @@ class ErrorInfo:
         return cls(*error_fields(exc))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Turn:
     """One step of an episode.
 

@@ -15,7 +15,7 @@ import torch
 from anyio.abc import TaskGroup
 from tensordict import NonTensorData, TensorDictBase
 
-from aenv._mdp import any_true, unravel
+from aenv._mdp import any_true, getter, unravel
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
@@ -34,21 +34,25 @@ def _name(key: Any) -> str:
 
 def _value(value: Any) -> Any:
     """A stored copy of one entry: text as ``str``, tensors cloned."""
-    if isinstance(value, NonTensorData):
+    kind = type(value)
+    if kind is NonTensorData or (kind is not torch.Tensor and isinstance(value, NonTensorData)):
         value = value.data
-    if isinstance(value, torch.Tensor):
+        kind = type(value)
+    if kind is torch.Tensor or isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, TensorDictBase):  # a non-tensor stack
         return value.tolist()
     return value
 
 
-def _pick(td: TensorDictBase, keys: list[Any]) -> dict[str, Any]:
+def _pick(td: TensorDictBase, keys: list[tuple[Any, str]]) -> dict[str, Any]:
+    """The entries ``keys`` (pairs of key and name) of ``td`` present, copied, by name."""
+    get = getter(td)
     out = {}
-    for key in keys:
-        value = td.get(key, None)
+    for key, name in keys:
+        value = get(key)
         if value is not None:
-            out[_name(key)] = _value(value)
+            out[name] = _value(value)
     return out
 
 
@@ -134,13 +138,14 @@ class EpisodeStream:
         self._tg: TaskGroup | None = None
         self._receive: Any = None
         self._groups: dict[int, list[Episode]] = {}
-        self._obs_keys = [k for k in pool.observation_keys]
-        self._action_keys = list(pool.action_keys)
-        self._reward_keys = list(pool.reward_keys)
-        self._done_flags = {
-            name: [k for k in pool.done_keys if unravel(k)[-1] == name]
-            for name in ("done", "terminated", "truncated")
-        }
+        self._obs_keys = [(k, _name(k)) for k in pool.observation_keys]
+        self._action_keys = [(k, _name(k)) for k in pool.action_keys]
+        self._reward_keys = [(k, _name(k)) for k in pool.reward_keys]
+        # each done key with the flag it is: 0 done, 1 terminated, 2 truncated
+        names = ("done", "terminated", "truncated")
+        self._done_flags = [
+            (k, names.index(unravel(k)[-1])) for k in pool.done_keys if unravel(k)[-1] in names
+        ]
 
     async def __aenter__(self) -> EpisodeStream:
         send, self._receive = anyio.create_memory_object_stream[Episode | Group](math.inf)
@@ -230,9 +235,8 @@ class EpisodeStream:
             stepped = await pool.step_one(env_index, td)
             t2 = clock()
             nxt = stepped.get("next")
-            terminated = self._flag(nxt, "terminated")
-            truncated = self._flag(nxt, "truncated")
-            done = terminated or truncated or self._flag(nxt, "done")
+            done, terminated, truncated = self._flags(nxt)
+            done = done or terminated or truncated
             ep.turns.append(
                 Turn(
                     observation=obs,
@@ -256,12 +260,15 @@ class EpisodeStream:
                 return
             td = pool.step_mdp(stepped)
 
-    def _flag(self, nxt: TensorDictBase, name: str) -> bool:
-        for key in self._done_flags[name]:
-            value = nxt.get(key, None)
-            if value is not None and any_true(value):
-                return True
-        return False
+    def _flags(self, nxt: TensorDictBase) -> list[bool]:
+        """Whether any done, terminated and truncated flag of ``nxt`` is set."""
+        get = getter(nxt)
+        flags = [False, False, False]
+        for key, which in self._done_flags:
+            if not flags[which]:
+                value = get(key)
+                flags[which] = value is not None and any_true(value)
+        return flags
 
     def _finish(self, ep: Episode, send: Any) -> None:
         if self.emit != "groups":

@@ -71,10 +71,11 @@ def heterogeneous(td: TensorDictBase, key: Any, spec: Any) -> bool:
     """True when ``key``'s leaf lives in a lazy stack (``td``, or the level of the key's
     prefix) along the stack dim of a heterogeneous ``spec``, one element per spec."""
     stack = getattr(spec, "_stack", None)
+    if stack is None:  # (a non-tensor spec, also without a dtype: no stack to look for)
+        return False
     level, _ = _stack_level(td, key)
     return (
-        stack is not None
-        and isinstance(level, LazyStackedTensorDict)
+        isinstance(level, LazyStackedTensorDict)
         and level.stack_dim == spec.stack_dim
         and len(level.tensordicts) == len(stack)
     )
