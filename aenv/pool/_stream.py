@@ -65,20 +65,23 @@ class StreamMixin(_Dispatcher):
         self._check_free(indices)
         rows = self._rows_for(op)
         subs = self._split_send(td, indices, single, rows)
-        # the inputs are checked as pool.step checks them, before anything is sent
-        check_sub_inputs(self, op, indices, subs)
-        for i, sub in zip(indices, subs):
+        staged = [rows is not None and rows.owns(i, sub) for i, sub in zip(indices, subs)]
+        # the inputs are checked as pool.step checks them, before anything is sent; a row
+        # was filled only from entries of the specs' shapes and dtypes (StreamRows.stage),
+        # so the type checks are all that is left to run on it
+        check = subs if self.run_type_checks else [None if s else x for s, x in zip(staged, subs)]
+        check_sub_inputs(self, op, indices, check)
+        for i, sub, row in zip(indices, subs, staged):
             payload: Any = (sub, {}) if op == "reset" else sub
             t = _Ticket(i, op, payload, None, 0)
             self._streaming[op] += 1
-            staged = rows is not None and rows.intact(i, sub)
-            if staged:
+            if row:
                 rows.pending[i] = 1  # type: ignore[union-attr]
             try:
                 self._enqueue(t)
             except BaseException:
                 self._streaming[op] -= 1
-                if staged:
+                if row:
                     rows.pending[i] = 0  # type: ignore[union-attr]
                 raise
 

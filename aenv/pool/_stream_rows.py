@@ -113,6 +113,10 @@ class StreamRows:
         self._rows[i], self._views[i] = row, views
         return row
 
+    def owns(self, i: int, sub: Any) -> bool:
+        """Whether ``sub`` is env ``i``'s row (as :meth:`stage` hands it out: intact)."""
+        return sub is not None and sub is self._rows[i]
+
     def intact(self, i: int, payload: Any) -> bool:
         """Whether ``payload`` (env ``i``'s input) is its row, as it was made (the env
         neither added nor replaced an entry: the buffers hold what it read)."""
