@@ -30,6 +30,7 @@ class StreamMixin(_Dispatcher):
 
     _sub_batch: torch.Size
     _lazy: bool
+    run_type_checks: bool  # EnvBase's
     _check_open: Callable[[], None]  # EnvBase's
 
     # ------------------------------------------------------------------ send
