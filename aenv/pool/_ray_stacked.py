@@ -32,7 +32,8 @@ from tensordict import TensorDictBase
 from aenv.exceptions import StepTimeoutError, WorkerCrashedError
 from aenv.pool._backend import BatchCall, Failure, Stacked
 from aenv.pool._channel import ChannelClosed
-from aenv.pool._ray_actor import TIMED_OUT, pack, unpack
+from aenv.pool._ray_actor import TIMED_OUT
+from aenv.pool._ray_codec import pack, unpack
 from aenv.pool._ray_faults import _first_line, _Group
 
 __all__ = ["RayStacked"]
