@@ -22,7 +22,7 @@ from tensordict import TensorDict
 
 from aenv.pool._codec import BIG_BYTES, decode, encode
 
-__all__ = ["pack", "unpack"]
+__all__ = ["cat_flat", "pack", "unpack"]
 
 #: torch dtypes by a short code (and back): what numpy can view, without bfloat16 and the
 #: like (``Tensor.numpy`` refuses those, and they take the general path)
@@ -135,6 +135,55 @@ def _unflat(flat: _Flat) -> TensorDict:
     return TensorDict._new_unsafe(source, flat.batch_size, device, nested=False)  # type: ignore[arg-type]
 
 
+_PLAIN = frozenset((type(None), bool, int, float, str))
+
+
+def _plain(item: Any) -> bool:
+    """A value with no TensorDict in it: a scalar, or a list of flags."""
+    kind = type(item)
+    return kind in _PLAIN or (kind is list and all(type(x) is bool for x in item))
+
+
+def cat_flat(parts: list[Any]) -> TensorDict | None:
+    """The flat TensorDicts ``parts`` (:class:`_Flat` s, as :func:`pack` made them) joined
+    along their first dim, each leaf copied once from the parts' bytes into one new array
+    (no TensorDict per part, no ``torch.cat`` of TensorDicts); None where they are not
+    all flat TensorDicts of one structure with a first dim."""
+    first = parts[0]
+    if any(type(p) is not _Flat for p in parts) or not first.batch_size:
+        return None
+    keys, codes, device = first.keys, first.codes, first.device
+    rest = first.batch_size[1:]
+    if any(
+        p.keys != keys or p.codes != codes or p.device != device or p.batch_size[1:] != rest
+        for p in parts
+    ):
+        return None
+    offsets = [0] * len(parts)
+    source: dict[str, torch.Tensor] = {}
+    for k, (key, code) in enumerate(zip(keys, codes)):
+        dtype = _NUMPY[code]
+        pieces = []
+        for j, part in enumerate(parts):
+            shape = part.shapes[k]
+            count = 1
+            for size in shape:
+                count *= size
+            pieces.append(np.frombuffer(part.blob, dtype, count, offsets[j]).reshape(shape))
+            offsets[j] += count * dtype.itemsize
+        try:
+            source[key] = torch.from_numpy(np.concatenate(pieces))
+        except ValueError:  # (leaves whose trailing shapes differ: not one structure)
+            return None
+    batch = (sum(p.batch_size[0] for p in parts), *rest)
+    return TensorDict._new_unsafe(
+        source,  # type: ignore[arg-type]
+        batch,
+        None if device is None else torch.device(device),
+        nested=False,
+    )
+
+
 def pack(obj: Any) -> tuple[Any, ...]:
     """An operation's payload or result, ready for the wire or a Ray call.
 
@@ -150,11 +199,21 @@ def pack(obj: Any) -> tuple[Any, ...]:
         if flat is not None:
             return "f", flat
     elif (kind is tuple or kind is list) and obj:
-        # (a step-and-maybe-reset's two TensorDicts, a reset's optional one): flat only
-        # where every item is a flat TensorDict or None
-        items = [_flat(item) if type(item) is TensorDict else item for item in obj]
-        if all(item is None or type(item) is _Flat for item in items) and any(items):
-            return "f", items if kind is list else tuple(items)
+        # (a step-and-maybe-reset's two TensorDicts, a reset's optional one, a whole-batch
+        # answer's tag, rows and reset flags): flat where every TensorDict in it is and the
+        # rest is plain
+        items = []
+        for item in obj:
+            if type(item) is TensorDict:
+                item = _flat(item)
+                if item is None:
+                    break
+            elif not _plain(item):
+                break
+            items.append(item)
+        else:
+            if any(type(item) is _Flat for item in items):
+                return "f", items if kind is list else tuple(items)
     big: list[np.ndarray] = []
     try:
         return "p", pickle.dumps(encode(obj, big), protocol=5), big

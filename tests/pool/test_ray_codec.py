@@ -10,7 +10,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
 from aenv.pool._codec import BIG_BYTES
-from aenv.pool._ray_codec import pack, unpack
+from aenv.pool._ray_codec import cat_flat, pack, unpack
 
 
 def sample(big_elems: int) -> TensorDict:
@@ -116,10 +116,17 @@ def test_tuples_and_lists_of_flat_tensordicts_and_none_take_the_flat_form():
     got_list = unpack(pack([a, b]))
     assert type(got_list) is list and len(got_list) == 2
     assert_same(got_list[1], b)
+    # with plain values beside them (a whole-batch answer's tag and reset flags): flat too
+    answer = ("S", a, None, [True, False])
+    assert pack(answer)[0] == "f"
+    tag, rows, none, flags = unpack(pickle.loads(pickle.dumps(pack(answer))))
+    assert (tag, none, flags) == ("S", None, [True, False]) and torch.equal(
+        rows["count"], a["count"]
+    )
     # a tuple with anything else in it takes the general path (and comes back the same)
-    mixed = ("S", a, None)
-    assert pack(mixed)[0] == "p"
-    assert unpack(pack(mixed))[0] == "S"
+    for mixed in ((a, {"k": 1}), (a, [a]), (a, sample(2))):
+        assert pack(mixed)[0] == "p"
+        assert torch.equal(unpack(pack(mixed))[0]["count"], a["count"])
     assert pack((None, None))[0] != "f" and unpack(pack((None, None))) == (None, None)
     assert unpack(pack(())) == ()
 
@@ -136,3 +143,29 @@ def test_what_the_flat_form_cannot_hold_takes_the_general_path():
     big = TensorDict({"x": torch.zeros(BIG_BYTES // 4, dtype=torch.float32)}, batch_size=())
     kind, _, arrays = pack(big)
     assert kind == "p" and len(arrays) == 1  # (beside the pickle: Ray's object store)
+
+
+def test_flat_parts_join_along_the_first_dim_from_their_bytes():
+    a, b = flat_sample(), flat_sample()
+    b["observation"] += 100
+    parts = [unpack_frame(pack(("S", a, None, [True, False])))[1], unpack_frame(pack(b))]
+    got = cat_flat(parts)
+    assert_same(got, torch.cat([a, b], 0))
+    got["count"].add_(1)  # (its own memory)
+    assert a["count"].tolist() == [7, -3]
+    # not one structure, or not flat: None (the caller joins them otherwise)
+    other = TensorDict({"observation": torch.zeros(1, 3, 2)}, batch_size=(1,))
+    assert cat_flat([parts[0], unpack_frame(pack(other))]) is None
+    wider = TensorDict({"x": torch.zeros(2, 3)}, batch_size=(2,))
+    narrow = TensorDict({"x": torch.zeros(2, 4)}, batch_size=(2,))
+    assert cat_flat([unpack_frame(pack(wider)), unpack_frame(pack(narrow))]) is None
+    scalar = TensorDict({"x": torch.zeros(3)}, batch_size=())
+    assert cat_flat([unpack_frame(pack(scalar))]) is None
+    assert cat_flat([None, parts[1]]) is None
+
+
+def unpack_frame(packed):
+    """What a flat pack holds once it crossed a frame (pickled and back)."""
+    kind, body = pickle.loads(pickle.dumps(packed, protocol=5))
+    assert kind == "f"
+    return body
