@@ -14,6 +14,10 @@ runs them in 2 worker processes. Workloads:
   re-sent as soon as it returns): env-steps/s against the ideal ``n_envs / E[latency]``.
 - Startup: pool construction to the first reset (the cluster's own start apart).
 
+Each row also gives the CPU per env-step of the driver (this process) and of the workers
+or actors (their processes' user + system time over the timed part): on a shared machine
+these move less with the load than the wall-clock rates.
+
 Within a workload the backends are interleaved: both pools are open at once and take their
 timed rollouts (or streaming turns) one after the other, in turn, so that the load of a
 shared machine weighs on both alike. The Gymnasium peer runs first, in its own process.
@@ -73,6 +77,33 @@ def _pool(fns: Any, backend: str) -> Any:
     return AsyncEnvPool(fns, backend=backend, backend_options=options)
 
 
+def _cpu(pool: Any) -> tuple[float, float]:
+    """CPU seconds so far of this process and of the pool's worker processes or actors."""
+    import psutil
+
+    backend = pool._backend
+    pids = backend.actor_pids if backend.name == "ray" else backend.worker_pids
+    workers = 0.0
+    for pid in pids:
+        if pid is not None:
+            times = psutil.Process(pid).cpu_times()
+            workers += times.user + times.system
+    return time.process_time(), workers
+
+
+def _add_cpu(
+    res: dict[str, float], before: tuple[float, float], after: tuple[float, float]
+) -> None:
+    res["driver_cpu_s"] = res.get("driver_cpu_s", 0.0) + after[0] - before[0]
+    res["workers_cpu_s"] = res.get("workers_cpu_s", 0.0) + after[1] - before[1]
+
+
+def _cpu_per_step(res: dict[str, float], steps: float) -> None:
+    """CPU microseconds per env-step, in this process and in the workers (or actors)."""
+    res["driver_cpu_us"] = 1e6 * res.pop("driver_cpu_s") / steps
+    res["workers_cpu_us"] = 1e6 * res.pop("workers_cpu_s") / steps
+
+
 async def _open(fns: Any, backend: str) -> tuple[Any, Any, float]:
     """A pool of ``fns`` on ``backend``, its first reset, and the seconds to get there."""
     t0 = time.perf_counter()
@@ -100,14 +131,17 @@ async def _rollout_rates(
             await pools[backend].rollout(max(steps // 4, 2), break_when_any_done=False)  # warm-up
         for _ in range(int(p["repeats"])):
             for backend, pool in pools.items():
+                cpu = _cpu(pool)
                 t = time.perf_counter()
                 await pool.rollout(steps, break_when_any_done=False)
                 out[backend]["best_s"] = min(out[backend]["best_s"], time.perf_counter() - t)
+                _add_cpu(out[backend], cpu, _cpu(pool))
     finally:
         for pool in pools.values():
             await pool.aclose()
     for res in out.values():
         res["env_steps_per_s"] = n * steps / res.pop("best_s")
+        _cpu_per_step(res, n * steps * int(p["repeats"]))
     return out
 
 
@@ -130,7 +164,9 @@ async def _streamed_rates(
             out[backend] = {"startup_s": startup, "steps": 0.0, "elapsed_s": 0.0}
         for _ in range(rounds):
             for backend, pool in pools.items():
+                cpu = _cpu(pool)
                 res = await stream_steps(pool, tds[backend], float(p["duration"]) / rounds)
+                _add_cpu(out[backend], cpu, _cpu(pool))
                 out[backend]["steps"] += res["steps"]
                 out[backend]["elapsed_s"] += res["elapsed_s"]
                 for i in range(n):  # the steps still in flight are given up
@@ -140,8 +176,16 @@ async def _streamed_rates(
         for pool in pools.values():
             await pool.aclose()
     for res in out.values():
+        _cpu_per_step(res, res["steps"])
         res["env_steps_per_s"] = res.pop("steps") / res.pop("elapsed_s")
     return out
+
+
+def _cpu_cells(res: dict[str, float]) -> dict[str, float]:
+    return {
+        "driver CPU us/env-step": res["driver_cpu_us"],
+        "workers CPU us/env-step": res["workers_cpu_us"],
+    }
 
 
 def _gym_peer(p: dict[str, Any]) -> dict[str, Any] | None:
@@ -193,6 +237,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "backend": backend,
                     "env-steps/s": res["env_steps_per_s"],
                     "us per env-step": 1e6 / res["env_steps_per_s"],
+                    **_cpu_cells(res),
                     "startup to first reset s": res["startup_s"],
                 }
             )
@@ -205,6 +250,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "env-steps/s": res["env_steps_per_s"],
                     "us per env-step": 1e6 / res["env_steps_per_s"],
                     "x process": res["env_steps_per_s"] / cart_res["process"]["env_steps_per_s"],
+                    **_cpu_cells(res),
                     "startup to first reset s": res["startup_s"],
                 }
             )
@@ -216,6 +262,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "backend": backend,
                     "env-steps/s": res["env_steps_per_s"],
                     "% of ideal": 100.0 * res["env_steps_per_s"] / ideal,
+                    **_cpu_cells(res),
                     "startup to first reset s": res["startup_s"],
                 }
             )

@@ -56,8 +56,9 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
-from aenv.pool._ray_actor import EnvActor, Item, pack, unpack
+from aenv.pool._ray_actor import EnvActor, Item
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
+from aenv.pool._ray_codec import pack, unpack
 from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
 from aenv.pool._ray_stacked import RayStacked
 from aenv.pool._ray_wire import DriverWire

@@ -40,14 +40,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.pool._backend import Failure, Stacked
-from aenv.pool._codec import decode, encode
 from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
+from aenv.pool._ray_codec import pack, unpack
 from aenv.pool._ray_wire import ActorWire
 
 __all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "renice", "unpack"]
@@ -68,26 +66,6 @@ TIMED_OUT = "aenv-ray-timed-out"
 #: One operation as :meth:`EnvActor.exchange` takes it: env index, sequence number, op,
 #: packed payload.
 Item = tuple[int, int, str, Any]
-
-
-def pack(obj: Any) -> tuple[Any, ...]:
-    """An operation's payload or result, ready for Ray: TensorDicts (also inside tuples and
-    lists) as plain data (:mod:`aenv.pool._codec`) in one pickle, ``("p", bytes, big
-    arrays)``, the arrays of :data:`~aenv.pool._codec.BIG_BYTES` or more apart (Ray
-    serialises them out of band, through its shared-memory object store); anything else as
-    it is (``("o", obj)``: Ray pickles it, with cloudpickle where it must)."""
-    big: list[np.ndarray] = []
-    try:
-        return "p", pickle.dumps(encode(obj, big), protocol=5), big
-    except Exception:  # (Unpackable, or something plain pickle cannot take)
-        return "o", obj
-
-
-def unpack(packed: tuple[Any, ...]) -> Any:
-    """The object :func:`pack` packed."""
-    if packed[0] == "p":
-        return decode(pickle.loads(packed[1]), packed[2])
-    return packed[1]
 
 
 def portable(exc: BaseException) -> Failure:

@@ -32,7 +32,8 @@ from tensordict import TensorDictBase
 from aenv.exceptions import StepTimeoutError, WorkerCrashedError
 from aenv.pool._backend import BatchCall, Failure, Stacked
 from aenv.pool._channel import ChannelClosed
-from aenv.pool._ray_actor import TIMED_OUT, pack, unpack
+from aenv.pool._ray_actor import TIMED_OUT
+from aenv.pool._ray_codec import cat_flat, pack, unpack
 from aenv.pool._ray_faults import _first_line, _Group
 
 __all__ = ["RayStacked"]
@@ -138,6 +139,9 @@ class RayStacked:
     ) -> Stacked | list[Any]:
         """The actors' answers as one stacked result, or per-env outcomes (one per index)
         when some env failed or some actor answered per env."""
+        joined = _concat_flat(calls)
+        if joined is not None:
+            return joined
         parts: list[Any] = []
         for g, gen, stepping, call in calls:
             if isinstance(call, Failure):
@@ -240,6 +244,33 @@ def _timeout(i: int, op: str, step_timeout: float | None) -> Failure:
         env_index=i,
     )
     return Failure(err, "")
+
+
+def _concat_flat(calls: list[tuple[_Group, int, list[int], Any]]) -> Stacked | None:
+    """The actors' stacked rows joined straight from their flat packed forms (one copy per
+    leaf, see :func:`~aenv.pool._ray_codec.cat_flat`), when every call answered so (else
+    None: :func:`_concat` or per-env outcomes take them)."""
+    bodies = []
+    for _, _, _, call in calls:
+        if isinstance(call, Failure) or not call.done() or call.cancelled():
+            return None
+        if call.exception() is not None:
+            return None
+        packed = call.result()
+        body = packed[1]
+        if packed[0] != "f" or type(body) is not tuple or body[0] != "S":
+            return None
+        bodies.append(body)
+    nxt = cat_flat([b[1] for b in bodies])
+    if nxt is None:
+        return None
+    if all(b[3] is None for b in bodies):
+        return Stacked(nxt)
+    reset = cat_flat([b[2] for b in bodies])
+    if reset is None or any(b[3] is None for b in bodies):
+        return None  # (some actor reset none of its envs: _concat fills its rows)
+    flags = [flag for b in bodies for flag in b[3]]
+    return Stacked(nxt, reset, torch.tensor(flags, dtype=torch.bool))
 
 
 def _concat(parts: list[tuple[Any, ...]]) -> Stacked:

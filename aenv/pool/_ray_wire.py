@@ -190,7 +190,8 @@ class ActorWire:
                 except ChannelClosed:
                     return
                 except Exception as exc:
-                    from aenv.pool._ray_actor import pack, portable
+                    from aenv.pool._ray_actor import portable
+                    from aenv.pool._ray_codec import pack
 
                     send_frame(chan, ("r", [(item[0], item[1], pack(portable(exc)))]))
 
