@@ -53,6 +53,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -210,6 +211,11 @@ class ProcessBackend(ClosingMixin, Backend):
             after a crash) before a worker is given up, its envs then failing with
             :class:`~aenv.exceptions.WorkerRestartError` (default 5); the tries back off,
             ``restart_backoff`` seconds doubling each time (default 0.1).
+        bell_spin: seconds the parent, woken by a worker that finished its share of a
+            doorbell call, watches the other workers' pages for theirs before going back to
+            sleep, when fewer of them are still working than there are cores (so the
+            watching takes no core a worker needs): the call then costs it one wake-up, not
+            one per worker (default 0: sleep at once; see ``benchmarks/RESULTS.md``).
     """
 
     name = "process"
@@ -226,6 +232,7 @@ class ProcessBackend(ClosingMixin, Backend):
         replace_timeout: float = 2.0,
         restart_attempts: int = 5,
         restart_backoff: float = 0.1,
+        bell_spin: float = 0.0,
     ) -> None:
         super().__init__(deliver)
         if sys.platform == "win32":  # pragma: no cover
@@ -247,6 +254,12 @@ class ProcessBackend(ClosingMixin, Backend):
             raise ValueError(f"restart_attempts must be >= 1, got {restart_attempts}")
         self.restart_attempts = restart_attempts
         self.restart_backoff = restart_backoff
+        if bell_spin < 0:
+            raise ValueError(f"bell_spin must be >= 0, got {bell_spin}")
+        self.bell_spin = bell_spin
+        self._cores = os.cpu_count() or 1
+        #: the doorbell call last rung: its sequence number and the workers rung
+        self._rung: tuple[int, list[_Worker]] | None = None
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -563,6 +576,24 @@ class ProcessBackend(ClosingMixin, Backend):
         entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
         if entries:
             self._on_batch_reply(seq, entries)
+        rung = self._rung
+        if self.bell_spin and rung is not None and rung[0] == seq:
+            self._watch(seq, rung[1])
+
+    def _watch(self, seq: int, rung: list[_Worker]) -> None:
+        """Watch the pages of the workers of call ``seq`` still working on it, for at most
+        ``bell_spin`` seconds, when fewer of them work than there are cores; take the
+        answers of all of them if they come in that time (their wake-ups, read here, no
+        longer wake the loop), else leave them to wake it (see ``bell_spin``)."""
+        pending = [v for v in rung if v.bell is not None and v.bell.answered() < seq]
+        if not pending or len(pending) >= self._cores:
+            return
+        deadline = time.perf_counter() + self.bell_spin
+        while any(v.bell.answered() < seq for v in pending):  # type: ignore[union-attr]
+            if time.perf_counter() > deadline:
+                return
+        for v in pending:
+            self._on_bell(v)
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if self._closing:
@@ -925,6 +956,7 @@ class ProcessBackend(ClosingMixin, Backend):
         current = (seq, op)
         stepping = batch.stepping
         staged = self._stacked[bank]  # type: ignore[index]
+        rung: list[_Worker] = []
         # (no _last_cmd: it is only read back for resets)
         try:
             for part, w in enumerate(self._workers):
@@ -941,10 +973,13 @@ class ProcessBackend(ClosingMixin, Backend):
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                if timed or not self._ring(w, seq, op, bank, stepping, carry):
+                if not timed and self._ring(w, seq, op, bank, stepping, carry):
+                    rung.append(w)
+                else:
                     if carry is not None:
                         staged.carry(carry[0], carry[1], [part])
                     self._send_batch(w, seq, op, items, timed, bank)
+            self._rung = (seq, rung) if rung else None
         except BaseException:
             self._abandon(batch)
             raise
