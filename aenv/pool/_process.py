@@ -13,8 +13,11 @@ its envs are done (as each finishes when a step timeout needs to know), results 
 from the worker's blocks with one copy per leaf (:class:`~aenv.pool._shm.Block`). Where the
 pool's envs are laid out as consecutive block rows (:class:`~aenv.pool._shm.StackedBlocks`),
 a whole-batch step takes the pool's stacked input into the blocks and gives the stacked
-results out of them with one copy per leaf, with no per-env TensorDict in the parent. The
-streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
+results out of them, with no per-env TensorDict in the parent. One shared region holds
+every worker's slots (planned at start from all the workers' specs), so a like pool's
+results are one view per leaf across workers: they are handed out in place
+(``Stacked.owned`` False) and copied once, by whoever keeps them (a rollout's time rows, the
+pool's step). The streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
 
 A stacked call's commands and replies skip the socket: each worker's share is rung on its
 doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and the worker
@@ -50,6 +53,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,6 +85,7 @@ from aenv.pool._process_support import (
 )
 from aenv.pool._process_support import Worker as _Worker
 from aenv.pool._process_worker import PICKLED, SLOT, worker_main
+from aenv.pool._rows import _copier as copier
 from aenv.pool._shm import (
     BANKS,
     Block,
@@ -91,6 +96,7 @@ from aenv.pool._shm import (
     map_region,
     map_slots,
     plan_layout,
+    slice_blocks,
 )
 
 __all__ = ["DEFAULT_START_METHOD", "ProcessBackend"]
@@ -205,6 +211,11 @@ class ProcessBackend(ClosingMixin, Backend):
             after a crash) before a worker is given up, its envs then failing with
             :class:`~aenv.exceptions.WorkerRestartError` (default 5); the tries back off,
             ``restart_backoff`` seconds doubling each time (default 0.1).
+        bell_spin: seconds the parent, woken by a worker that finished its share of a
+            doorbell call, watches the other workers' pages for theirs before going back to
+            sleep, when fewer of them are still working than there are cores (so the
+            watching takes no core a worker needs): the call then costs it one wake-up, not
+            one per worker (default 0: sleep at once; see ``benchmarks/RESULTS.md``).
     """
 
     name = "process"
@@ -221,6 +232,7 @@ class ProcessBackend(ClosingMixin, Backend):
         replace_timeout: float = 2.0,
         restart_attempts: int = 5,
         restart_backoff: float = 0.1,
+        bell_spin: float = 0.0,
     ) -> None:
         super().__init__(deliver)
         if sys.platform == "win32":  # pragma: no cover
@@ -242,6 +254,12 @@ class ProcessBackend(ClosingMixin, Backend):
             raise ValueError(f"restart_attempts must be >= 1, got {restart_attempts}")
         self.restart_attempts = restart_attempts
         self.restart_backoff = restart_backoff
+        if bell_spin < 0:
+            raise ValueError(f"bell_spin must be >= 0, got {bell_spin}")
+        self.bell_spin = bell_spin
+        self._cores = os.cpu_count() or 1
+        #: the doorbell call last rung: its sequence number and the workers rung
+        self._rung: tuple[int, list[_Worker]] | None = None
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -257,6 +275,7 @@ class ProcessBackend(ClosingMixin, Backend):
         self._bank_rows: list[list[tuple[dict[str, Block], int] | None]] = []
         # per bank: the blocks as one stacked batch, or None
         self._stacked: list[StackedBlocks] | None = None
+        self._copiers: list[Callable[[], TensorDictBase] | None] = []
         # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
         # it has, the worker may still read the env's input slot for the cancelled op, so
         # the env's inputs travel pickled (never written over that op's input)
@@ -265,6 +284,7 @@ class ProcessBackend(ClosingMixin, Backend):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_pending = False
         self._closing = False
+        self._planning = False  # (start: metadata taken, regions planned after)
         self._procs: list[Any] = []
         self._lifeline: Any = None
         self._lifeline_r: Any = None
@@ -306,20 +326,51 @@ class ProcessBackend(ClosingMixin, Backend):
                 self._spawn(w)
             self._of_env = [w for w in self._workers for _ in w.indices]
             metas: dict[int, EnvMetaData] = {}
+            # every worker's metadata first: one region is planned for all of them
+            self._planning = True
             for w in self._workers:
                 metas.update(self._handshake_blocking(w))
+            self._planning = False
+            self._plan_region(self._workers, metas)
+            for w in self._workers:
+                self._hand_over(w)
         except BaseException:
             self.abort()
             raise
         self._note_creator_metas(metas)
         self._stacked = self._plan_stacked()
+        # per bank: a fresh copy of its "next" rows through numpy views made once
+        self._copiers = [
+            None if rows is None else copier(rows)
+            for rows in (s.rows("next") for s in self._stacked or ())
+        ]
         return [metas[i] for i in range(n)]
 
     def _plan_stacked(self) -> list[StackedBlocks] | None:
         """Per bank, the blocks of the workers as one stacked batch, when each worker's
         envs are one group whose rows are the envs in order (see :class:`StackedBlocks`)."""
         banks = []
+        n = len(self._inflight)
         for rows in self._bank_rows:
+            first = rows[0]
+            if first is not None and all(
+                (at := rows[i]) is not None and at[0] is first[0] and at[1] == i for i in range(n)
+            ):
+                # one set of blocks for the whole pool (one region): the parts slice it
+                whole = first[0]
+                parts = [
+                    (
+                        slice_blocks(whole, w.indices[0], w.indices[-1] + 1),
+                        w.indices[0],
+                        w.indices[-1] + 1,
+                    )
+                    for w in self._workers
+                ]
+                stacked = StackedBlocks.plan(parts, whole)
+                if stacked is None:
+                    return None
+                banks.append(stacked)
+                continue
             parts = []
             for w in self._workers:
                 first = rows[w.indices[0]]
@@ -405,18 +456,42 @@ class ProcessBackend(ClosingMixin, Backend):
         metas: dict[int, EnvMetaData] = msg[1]
         w.failed_starts = 0
         if w.region_fd < 0:
-            w.layouts, groups, w.bank_size = plan_layout(metas)
-            w.region_size = BANKS * w.bank_size
-            w.region_fd = make_region(w.region_size)
-            w.flat = map_region(w.region_fd, w.region_size)
-            for bank in range(BANKS):
-                flat = w.flat[bank * w.bank_size :]
-                for i in w.indices:
-                    self._bank_slots[bank][i] = map_slots(flat, w.layouts[i])
-                for group in groups:
-                    blocks = map_blocks(flat, group)
-                    for row, i in enumerate(group[0]):
-                        self._bank_rows[bank][i] = (blocks, row)
+            if self._planning:
+                return metas  # (start plans one region for every worker, then hands over)
+            self._plan_region([w], metas)
+        self._hand_over(w)
+        return metas
+
+    def _plan_region(self, workers: list[_Worker], metas: dict[int, EnvMetaData]) -> None:
+        """Lay the slots of ``workers``' envs out in one new shared region (see
+        :func:`~aenv.pool._shm.plan_layout`). Planned for the whole pool at once, like
+        envs' rows are consecutive across workers: a whole batch's results are then one
+        view per leaf, read in place (:meth:`StackedBlocks.rows`)."""
+        layouts, groups, bank_size = plan_layout(metas)
+        size = BANKS * bank_size
+        fd = make_region(size)
+        try:
+            flat = map_region(fd, size)
+            for k, w in enumerate(workers):
+                # (each worker its own descriptor: each is closed with its worker)
+                w.region_fd = fd if k == 0 else os.dup(fd)
+                w.region_size, w.bank_size, w.flat = size, bank_size, flat
+                w.layouts = {i: layouts[i] for i in w.indices}
+        except BaseException:
+            if workers[0].region_fd != fd:
+                os.close(fd)
+            raise
+        for bank in range(BANKS):
+            view = flat[bank * bank_size :]
+            for i, layout in layouts.items():
+                self._bank_slots[bank][i] = map_slots(view, layout)
+            for group in groups:
+                blocks = map_blocks(view, group)
+                for row, i in enumerate(group[0]):
+                    self._bank_rows[bank][i] = (blocks, row)
+
+    def _hand_over(self, w: _Worker) -> None:
+        """Give a worker that sent its metadata its region and doorbell: it is ready."""
         assert w.chan is not None
         # a doorbell per start: nothing a dead worker rang or answered reaches this one
         w.close_bell()
@@ -431,7 +506,6 @@ class ProcessBackend(ClosingMixin, Backend):
         if w.outbox:
             out, w.outbox = w.outbox, []
             self._send_out(w, out)
-        return metas
 
     def _note_creator_metas(self, metas: dict[int, EnvMetaData]) -> None:
         # an EnvCreator (aenv.sync) keeps the metadata its envs reported: told by duck
@@ -502,6 +576,24 @@ class ProcessBackend(ClosingMixin, Backend):
         entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
         if entries:
             self._on_batch_reply(seq, entries)
+        rung = self._rung
+        if self.bell_spin and rung is not None and rung[0] == seq:
+            self._watch(seq, rung[1])
+
+    def _watch(self, seq: int, rung: list[_Worker]) -> None:
+        """Watch the pages of the workers of call ``seq`` still working on it, for at most
+        ``bell_spin`` seconds, when fewer of them work than there are cores; take the
+        answers of all of them if they come in that time (their wake-ups, read here, no
+        longer wake the loop), else leave them to wake it (see ``bell_spin``)."""
+        pending = [v for v in rung if v.bell is not None and v.bell.answered() < seq]
+        if not pending or len(pending) >= self._cores:
+            return
+        deadline = time.perf_counter() + self.bell_spin
+        while any(v.bell.answered() < seq for v in pending):  # type: ignore[union-attr]
+            if time.perf_counter() > deadline:
+                return
+        for v in pending:
+            self._on_bell(v)
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if self._closing:
@@ -788,15 +880,24 @@ class ProcessBackend(ClosingMixin, Backend):
         return outcomes if picked is None else [outcomes[i] for i in picked]
 
     def _read(self, batch: _Batch) -> Stacked:
-        stacked = self._stacked[batch.bank]  # type: ignore[index]
-        nxt = stacked.read("next")
+        """A stacked call's results: the bank's rows in place where one view per leaf
+        holds the whole pool (copied once, by whoever keeps them: see Stacked), else a
+        copy of the workers' parts put together."""
+        bank = batch.bank
+        stacked = self._stacked[bank]  # type: ignore[index]
+        nxt = stacked.rows("next")
+        owned = nxt is None
+        if nxt is None:
+            nxt = stacked.read("next")
+        copy = self._copiers[bank]
         if batch.op == "step":
-            return Stacked(nxt)
+            return Stacked(nxt, owned=owned, copy=copy)
         flags = [bool(o[2]) for o in batch.outcomes]
         if not any(flags):
-            return Stacked(nxt)
+            return Stacked(nxt, owned=owned, copy=copy)
         mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
-        return Stacked(nxt, stacked.read("reset"), mask)
+        reset = stacked.rows("reset") if not owned else stacked.read("reset")
+        return Stacked(nxt, reset, mask, owned=owned, copy=copy)
 
     def _refusing(self) -> bool:
         """Whether some env would be refused an op (a broken worker, a lost env)."""
@@ -855,6 +956,7 @@ class ProcessBackend(ClosingMixin, Backend):
         current = (seq, op)
         stepping = batch.stepping
         staged = self._stacked[bank]  # type: ignore[index]
+        rung: list[_Worker] = []
         # (no _last_cmd: it is only read back for resets)
         try:
             for part, w in enumerate(self._workers):
@@ -871,10 +973,13 @@ class ProcessBackend(ClosingMixin, Backend):
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                if timed or not self._ring(w, seq, op, bank, stepping, carry):
+                if not timed and self._ring(w, seq, op, bank, stepping, carry):
+                    rung.append(w)
+                else:
                     if carry is not None:
                         staged.carry(carry[0], carry[1], [part])
                     self._send_batch(w, seq, op, items, timed, bank)
+            self._rung = (seq, rung) if rung else None
         except BaseException:
             self._abandon(batch)
             raise

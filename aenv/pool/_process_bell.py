@@ -157,6 +157,11 @@ class Bell:
         self.taken = seq
         return seq, self.page[self._res : self._res + self.n]
 
+    def answered(self) -> int:
+        """The sequence number of the latest call the worker answered (a look at the page:
+        nothing is taken, the done counter is left as it is)."""
+        return int(_SEQ.unpack_from(self.page, _DONE)[0])
+
     # ------------------------------------------------------------------ worker side
     def sent(self) -> int:
         """The number of socket frames the parent had written when it rang last."""

@@ -1,16 +1,16 @@
 """Shared-memory slots of the process backend: one input and two output slots per env.
 
 The parent plans a layout from the specs its workers sent (:func:`plan_layout`), makes one
-anonymous shared region per worker (:func:`make_region`: a ``memfd`` on Linux, an unlinked
-file elsewhere, so nothing is left behind whatever happens to either process) and passes
-its descriptor to the worker once. Both sides then view the region as tensors
+anonymous shared region for all of a pool's workers (:func:`make_region`: a ``memfd`` on
+Linux, an unlinked file elsewhere, so nothing is left behind whatever happens to either
+process) and passes its descriptor to each worker once. Both sides then view the region as tensors
 (:func:`map_slots`). A step writes its input (action, state, the last observation and done
 flags) into the env's ``"in"`` slot and its result
 comes back in the ``"next"`` (or ``"reset"``) slot: only a tiny message crosses the pipe.
 
-Like envs of one worker (same keys, shapes, dtypes) have their slots laid out as rows of
-one block per leaf (:class:`Block`), so the parent reads a whole batch's results back with
-one copy per leaf instead of one per env and leaf.
+Like envs (same keys, shapes, dtypes) have their slots laid out as rows of one block per
+leaf (:class:`Block`), across workers: a whole batch's results are one view per leaf, read
+in place (:meth:`StackedBlocks.rows`) and copied once by whoever keeps them.
 
 A region holds :data:`BANKS` copies of that layout (banks), one after the other: a
 whole-batch command names the bank it uses, so that while the workers run a step on one
@@ -50,6 +50,7 @@ __all__ = [
     "map_region",
     "map_slots",
     "plan_layout",
+    "slice_blocks",
 ]
 
 _ALIGN = 64
@@ -396,6 +397,22 @@ def map_blocks(flat: torch.Tensor, group: GroupLayout) -> dict[str, Block]:
     return {kind: Block(flat, batch_size, leaves) for kind, leaves in kinds.items()}
 
 
+def slice_blocks(blocks: dict[str, Block], start: int, stop: int) -> dict[str, Block]:
+    """Rows ``start:stop`` of ``blocks`` as blocks of their own (views of the same memory):
+    one worker's share of blocks laid out for the whole pool."""
+    out = {}
+    for kind, block in blocks.items():
+        part = Block.__new__(Block)
+        part.batch_size = block.batch_size
+        part.flat_keys = block.flat_keys
+        part.views = [(key, view[start:stop]) for key, view in block.views]
+        part.td = TensorDict(batch_size=(stop - start, *block.batch_size))
+        for key, view in part.views:
+            part.td.set(key, view)
+        out[kind] = part
+    return out
+
+
 class StackedBlocks:
     """The blocks of several workers whose envs, together, are a whole pool in order: part
     ``k`` holds envs ``start_k:stop_k`` in its block rows, and every part has the same
@@ -404,6 +421,11 @@ class StackedBlocks:
 
     Build it with :meth:`plan`, which returns None when the pool is not laid out that way
     (pickled-only envs, unlike envs, nested keys).
+
+    ``whole``: blocks whose rows are every env of the pool, the parts being slices of them
+    (one region for all workers, see :meth:`~aenv.pool._process.ProcessBackend.start`): a
+    batch's inputs then go in with one copy per leaf, and its results can be read in place
+    (:meth:`rows`: no copy at all; the consumer copies what it keeps).
     """
 
     __slots__ = (
@@ -419,12 +441,31 @@ class StackedBlocks:
         "partial",
         "single",
         "slices",
+        "whole",
+        "whole_in",
     )
 
-    def __init__(self, parts: list[tuple[dict[str, Block], int, int]]) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[dict[str, Block], int, int]],
+        whole: dict[str, Block] | None = None,
+    ) -> None:
         first = parts[0][0]
         self.n = parts[-1][2]
-        self.single = len(parts) == 1
+        if whole is None and len(parts) == 1:
+            whole = first
+        self.single = whole is not None
+        # kind -> the whole pool's rows (the leaves as one view each), or None
+        self.whole: dict[str, TensorDictBase] | None = None
+        if whole is not None:
+            self.whole = {
+                kind: TensorDict._new_unsafe(
+                    dict(block.views),
+                    batch_size=(self.n, *block.batch_size),
+                    nested=False,  # type: ignore[arg-type]
+                )
+                for kind, block in whole.items()
+            }
         self.slices = [(start, stop) for _, start, stop in parts]
         self.batch_size = torch.Size((self.n, *first["in"].batch_size))
         # kind -> [(key, [view of each part])]
@@ -459,10 +500,20 @@ class StackedBlocks:
             kind: _numpy_cols(cols) for kind, cols in self.kinds.items()
         }
         self.np_in = self.np_kinds["in"]
+        if whole is not None:
+            # (the whole rows' leaves, as a single part: what the copies in go through)
+            self.whole_in = [(key, [view]) for key, view in whole["in"].views]
+            self.dsts = [view for _, views in self.whole_in for view in views]
+            self.np_in = _numpy_cols(self.whole_in)
 
     @classmethod
-    def plan(cls, parts: list[tuple[dict[str, Block], int, int]]) -> StackedBlocks | None:
-        """``parts``: each worker's blocks and the env range its rows hold, in env order."""
+    def plan(
+        cls,
+        parts: list[tuple[dict[str, Block], int, int]],
+        whole: dict[str, Block] | None = None,
+    ) -> StackedBlocks | None:
+        """``parts``: each worker's blocks and the env range its rows hold, in env order;
+        ``whole``: the blocks the parts slice, when they are one set for the whole pool."""
         if not parts or parts[0][1] != 0:
             return None
         signature = None
@@ -485,7 +536,7 @@ class StackedBlocks:
                 signature = sig
             elif sig != signature:
                 return None
-        return cls(parts)
+        return cls(parts, whole)
 
     def write_inputs(self, td: TensorDictBase) -> bool:
         """Copy the input leaves of the whole batch ``td`` into the blocks; False (nothing
@@ -501,9 +552,13 @@ class StackedBlocks:
                 if value is None and key in self.carried:
                     return self._write_partial(entries)
                 return False
-        self._copy_in(self.kinds["in"], entries, self.np_in, None)
+        self._copy_in(self._in_cols(), entries, self.np_in, None)
         self.partial = False
         return True
+
+    def _in_cols(self) -> list[tuple[str, list[torch.Tensor]]]:
+        """The input leaves' views the copies in go through (one per part, or one in all)."""
+        return self.whole_in if self.whole is not None else self.kinds["in"]
 
     def _copy_in(
         self,
@@ -553,7 +608,7 @@ class StackedBlocks:
             value = entries.get(key)
             if type(value) is not torch.Tensor or value.dtype is not dtype or value.shape != shape:
                 return False
-        self._copy_in(self.kinds["in"], entries, self.np_in, self.carried)
+        self._copy_in(self._in_cols(), entries, self.np_in, self.carried)
         self.partial = True
         return True
 
@@ -568,7 +623,7 @@ class StackedBlocks:
         in_cols: list[list[Any]]
         next_cols: list[list[Any]]
         reset_cols: list[list[Any]]
-        arrays = (self.np_in, src.np_kinds["next"], src.np_kinds["reset"])
+        arrays = (self.np_kinds["in"], src.np_kinds["next"], src.np_kinds["reset"])
         use_np = arrays[0] is not None and arrays[1] is not None and arrays[2] is not None
         if use_np:
             in_cols, next_cols, reset_cols = arrays  # type: ignore[assignment]
@@ -599,12 +654,18 @@ class StackedBlocks:
                         dst.index_copy_(0, index, from_reset.index_select(0, index))
         self.partial = False
 
+    def rows(self, kind: str) -> TensorDictBase | None:
+        """Every env's ``kind`` slot in place (the shared rows themselves, valid until the
+        next call on this bank writes them), when one view per leaf holds the whole pool;
+        else None (:meth:`read` copies the parts together)."""
+        return None if self.whole is None else self.whole[kind]
+
     def read(self, kind: str) -> TensorDictBase:
         """A private copy of every env's ``kind`` slot, stacked: one tensor per leaf."""
         # (torch here: a cat of a few tiny views costs what numpy's concatenate and the
         # wrapping back into a tensor cost)
-        if self.single:
-            fields = {key: views[0].clone() for key, views in self.kinds[kind]}
+        if self.whole is not None:
+            fields = {key: view.clone() for key, view in self.whole[kind].items()}
         else:
             fields = {key: torch.cat(views) for key, views in self.kinds[kind]}
         return TensorDict._new_unsafe(fields, batch_size=self.batch_size, nested=False)  # type: ignore[arg-type]
