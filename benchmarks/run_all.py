@@ -141,7 +141,11 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         if rows:
             fig, ax = plt.subplots(figsize=(6, 4))
             xs = [r["envs"] for r in rows]
-            for col, style in (("limit %", "k--"), ("aenv %", "o-"), ("aenv, gc.freeze() %", "s-")):
+            for col, style in (
+                ("limit %", "k--"),
+                ("aenv %", "o-"),
+                ("aenv, gc_freeze=False %", "s-"),
+            ):
                 ax.semilogx(xs, [r[col] for r in rows], style, label=col.removesuffix(" %"))
             ax.set_xlabel("number of envs (median latency grows with N: same ideal rate)")
             ax.set_ylabel("% of ideal env-steps/s")
