@@ -36,13 +36,13 @@ _ours = False  # the permanent generation was empty when the first holder froze
 class GcFreeze:
     """One pool's part in the freeze (see the module docstring)."""
 
-    __slots__ = ("_resets", "on")
+    __slots__ = ("_reset_frozen", "on")
 
     def __init__(self, option: bool | None, num_envs: int, in_process: bool) -> None:
         if option is not None and not isinstance(option, bool):
             raise TypeError(f"gc_freeze must be True, False or None, got {option!r}")
         self.on = in_process and (option if option is not None else num_envs >= FREEZE_FROM)
-        self._resets = 0
+        self._reset_frozen = False  # the first whole reset has joined the freeze
 
     def built(self) -> None:
         """The pool's envs are built: freeze them (collecting the young garbage first)."""
@@ -57,8 +57,8 @@ class GcFreeze:
 
     def reset_done(self) -> None:
         """A whole reset finished: the first one's worker tasks and results join the freeze."""
-        if self.on and id(self) in _holders and not self._resets:
-            self._resets = 1
+        if self.on and id(self) in _holders and not self._reset_frozen:
+            self._reset_frozen = True
             gc.collect(1)
             gc.freeze()
 
