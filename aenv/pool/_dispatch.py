@@ -20,6 +20,7 @@ import anyio
 
 from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
 from aenv.pool._backend import Backend, Failure, Stacked
+from aenv.pool._gc import GcFreeze
 from aenv.pool._stacking import split_inputs
 
 __all__ = [
@@ -118,15 +119,17 @@ class _Ready:
     found by env, so a receive for one env (``env_index=``) takes its own without a scan.
 
     Items are ``(env index, outcome, ticket)``. Each sits in a cell held by both the
-    arrival queue and its env's queue; one taken by env is emptied in place and skipped
-    when the arrival queue reaches it, so every operation costs O(1) (amortised).
+    arrival queue and its env's entry; one taken by env is emptied in place and skipped
+    when the arrival queue reaches it, so every operation costs O(1) (amortised). An env's
+    entry is its one cell, or a deque of them while it has several waiting (it was sent
+    again before its last result was received): no deque made per result.
     """
 
     __slots__ = ("_by_env", "_cells", "_count")
 
     def __init__(self) -> None:
         self._cells: deque[list[Any]] = deque()
-        self._by_env: dict[int, deque[list[Any]]] = {}
+        self._by_env: dict[int, list[Any] | deque[list[Any]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -135,8 +138,20 @@ class _Ready:
     def append(self, item: tuple[int, Any, _Ticket]) -> None:
         cell = [item]
         self._cells.append(cell)
-        self._by_env.setdefault(item[0], deque()).append(cell)
+        self._file(item[0], cell, False)
         self._count += 1
+
+    def _file(self, env: int, cell: list[Any], first: bool) -> None:
+        by_env = self._by_env
+        held = by_env.get(env)
+        if held is None:
+            by_env[env] = cell
+        elif type(held) is list:
+            by_env[env] = deque((cell, held) if first else (held, cell))
+        elif first:
+            held.appendleft(cell)  # type: ignore[union-attr]
+        else:
+            held.append(cell)  # type: ignore[union-attr]
 
     def has(self, env: int) -> bool:
         """Whether a result of env ``env`` is waiting."""
@@ -144,10 +159,15 @@ class _Ready:
 
     def take(self, env: int) -> tuple[int, Any, _Ticket]:
         """The oldest waiting result of env ``env`` (see :meth:`has`)."""
-        cells = self._by_env[env]
-        cell = cells.popleft()
-        if not cells:
-            del self._by_env[env]
+        by_env = self._by_env
+        held = by_env[env]
+        if type(held) is list:
+            cell = held
+            del by_env[env]
+        else:
+            cell = held.popleft()  # type: ignore[union-attr]
+            if len(held) == 1:
+                by_env[env] = held[0]  # type: ignore[index]
         item, cell[0] = cell[0], None
         self._count -= 1
         return item  # type: ignore[no-any-return]
@@ -165,7 +185,7 @@ class _Ready:
         for item in reversed(items):
             cell = [item]
             self._cells.appendleft(cell)
-            self._by_env.setdefault(item[0], deque()).appendleft(cell)
+            self._file(item[0], cell, True)
             self._count += 1
 
 
@@ -180,6 +200,7 @@ class _Dispatcher:
     _backend: Backend
     last_errors: dict[int, BaseException]
     _restart_result: Callable[[int, _Ticket, Any], Any]
+    _gc: GcFreeze
 
     def _init_dispatch(self, n: int) -> None:
         self._tickets: list[_Ticket | None] = [None] * n
@@ -293,6 +314,8 @@ class _Dispatcher:
         t = self._tickets[i]
         if t is None or t is _FAST:
             return
+        if self._gc.countdown:
+            self._gc.results(1)
         if t.timer is not None:
             t.timer.cancel()
             t.timer = None
@@ -483,6 +506,8 @@ class _Dispatcher:
             try:
                 call = backend.launch(op, part, self.step_timeout, indices if whole else wave)
                 out = None if call is None else await call.wait()
+                if out is not None and self._gc.countdown:
+                    self._gc.results(len(wave))
             finally:
                 self._running -= len(wave)
                 for i in wave:

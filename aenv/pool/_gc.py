@@ -10,13 +10,34 @@ envs of 512 ms, full collections took as much CPU as the steps themselves
 What. A pool whose envs live in this process (coroutine and thread backends) and that has at
 least :data:`FREEZE_FROM` envs moves the objects that exist once it is built, and again once
 its first whole reset is done, to the collector's permanent generation (:func:`gc.freeze`):
-later collections skip them. Before each freeze it collects the young generations, so
-garbage made by the build or the reset is not kept. When the last pool holding a freeze closes, the
+later collections skip them. What the first operations make lazily, once per env, lives as
+long as the pool too (a streamed step's input row, an env's worker task, state an env makes
+on its first step, such as a random generator): so the pool freezes again each time, after
+one of those freezes, as many results as it has envs have come back (whole-batch or
+streamed, any operation), :data:`SETTLE_FREEZES` times at most. With 16,384 streamed envs
+those objects were ~200k, walked by every full collection. Before each freeze it collects
+the young generations, so garbage made by the build, the reset or the steps is not kept
+(the steps in flight at that moment are frozen with the rest: reference counting frees
+them when they end). When the last pool holding a freeze closes, the
 objects go back (:func:`gc.unfreeze`), unless something else had frozen objects before
 (then they stay as that code left them).
 
+The steps in flight are the other part. A streamed step of a slow env lives for its latency
+(a few coroutines, futures and timer handles, its result), longer than the collector's young
+generations wait between collections (700 allocations, then 10 of those): at thousands of
+envs nearly all of them are promoted to the oldest generation, whose collections, brought
+on by that growth, then walk every step in flight, scattered over a heap of gigabytes, at
+hundreds of nanoseconds an object. So while a freezing pool is open, the middle generation
+is collected once per :data:`ALLOCATIONS_PER_ENV` allocations per env of the biggest such
+pool (its threshold raised, never lowered): a step's objects die there before they are
+walked a second time. 16,384 streamed envs of 200 ms spent 85-140 us of collector time per
+step before, 20 after (``benchmarks/bench_scale.py``, the ``limit`` table).
+
 What it costs. Reference counting frees frozen objects as usual; only cyclic garbage among
-them waits until the pool closes. Freezing and unfreezing take constant time.
+them waits until the pool closes, and cyclic garbage made while it is open waits longer for
+the middle generation's collection (memory, not time: a few objects per env). Freezing and
+unfreezing take constant time; the thresholds in force before come back when the last pool
+closes, unless other code changed them meanwhile.
 ``AsyncEnvPool(..., gc_freeze=False)`` turns it off, ``True`` turns it on for any size.
 """
 
@@ -28,46 +49,83 @@ __all__ = ["FREEZE_FROM", "GcFreeze"]
 
 #: the pool size from which the freeze is on by default (``gc_freeze=None``)
 FREEZE_FROM = 1024
+#: the freezes a pool makes once as many results as it has envs came back (see above)
+SETTLE_FREEZES = 2
+#: allocations per env of the freezing pools between two collections of the middle generation
+ALLOCATIONS_PER_ENV = 20
 
 _holders: set[int] = set()  # the ids of the GcFreeze objects holding a freeze
 _ours = False  # the permanent generation was empty when the first holder froze
+# the collector's thresholds before the first holder raised them, and those it set
+_thresholds: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class GcFreeze:
     """One pool's part in the freeze (see the module docstring)."""
 
-    __slots__ = ("_reset_frozen", "on")
+    __slots__ = ("_n", "_reset_frozen", "_settles", "countdown", "on")
 
     def __init__(self, option: bool | None, num_envs: int, in_process: bool) -> None:
         if option is not None and not isinstance(option, bool):
             raise TypeError(f"gc_freeze must be True, False or None, got {option!r}")
         self.on = in_process and (option if option is not None else num_envs >= FREEZE_FROM)
         self._reset_frozen = False  # the first whole reset has joined the freeze
+        self._n = num_envs
+        self._settles = SETTLE_FREEZES  # the result-count freezes left to make
+        #: the results still to come back before the next freeze (0: none planned); the
+        #: pool calls :meth:`results` only while it is set
+        self.countdown = 0
+
+    def _freeze(self) -> None:
+        gc.collect(1)
+        gc.freeze()
+        self.countdown = self._n if self._settles and self._n else 0
 
     def built(self) -> None:
         """The pool's envs are built: freeze them (collecting the young garbage first)."""
-        global _ours
+        global _ours, _thresholds
         if not self.on:
             return
         if not _holders:
             _ours = gc.get_freeze_count() == 0
         _holders.add(id(self))
-        gc.collect(1)
-        gc.freeze()
+        before = gc.get_threshold()
+        t0, t1 = before[0], before[1]
+        want = -(-ALLOCATIONS_PER_ENV * self._n // t0) if t0 else t1
+        if want > t1:
+            gc.set_threshold(t0, want, *before[2:])
+            _thresholds = (_thresholds[0] if _thresholds else before, gc.get_threshold())
+        self._freeze()
 
     def reset_done(self) -> None:
         """A whole reset finished: the first one's worker tasks and results join the freeze."""
         if self.on and id(self) in _holders and not self._reset_frozen:
             self._reset_frozen = True
-            gc.collect(1)
-            gc.freeze()
+            self._freeze()
+
+    def results(self, k: int) -> None:
+        """``k`` results came back (called while :attr:`countdown` is set): once as many as
+        the pool has envs did since the last freeze, freeze what their first operations
+        made."""
+        self.countdown -= k
+        if self.countdown <= 0 and id(self) in _holders:
+            self._settles -= 1
+            self._freeze()
 
     def release(self) -> None:
         """The pool closed: the last holder gives the frozen objects back to the collector."""
-        global _ours
+        global _ours, _thresholds
         if id(self) not in _holders:
             return
         _holders.discard(id(self))
-        if not _holders and _ours:
+        self.countdown = 0
+        if _holders:
+            return
+        if _thresholds is not None:
+            before, ours = _thresholds
+            _thresholds = None
+            if gc.get_threshold() == ours:
+                gc.set_threshold(*before)
+        if _ours:
             _ours = False
             gc.unfreeze()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from aenv.pool import AsyncEnvPool
-from aenv.pool._gc import FREEZE_FROM
+from aenv.pool._gc import ALLOCATIONS_PER_ENV, FREEZE_FROM
 from aenv.testing import CountingEnv, LatencyEnv
 
 
@@ -98,3 +98,41 @@ async def test_the_build_garbage_is_collected_not_frozen() -> None:
 def test_gc_freeze_takes_a_bool_or_none() -> None:
     with pytest.raises(TypeError, match="gc_freeze must be True, False or None, got 'yes'"):
         AsyncEnvPool([CountingEnv], gc_freeze="yes")  # type: ignore[arg-type]
+
+
+async def test_what_the_first_streamed_steps_make_joins_the_freeze() -> None:
+    # a streamed step's input row is made on the first send to its env, after the build
+    # and reset freezes: once as many results as envs came back, it is frozen too
+    n = 4
+    async with AsyncEnvPool([CountingEnv] * n, gc_freeze=True) as pool:
+        actions = pool.rand_action(await pool.reset())
+        first = list(range(n - 1))
+        pool.async_step_send(actions[first], env_index=first)
+        assert (await pool.async_step_recv(min_get=n - 1)).batch_size == (n - 1,)
+        row = pool.__dict__["_stream_rows"]._rows[0]
+        assert not _frozen(row)  # one result short of a pool's worth
+        pool.async_step_send(actions[n - 1], env_index=n - 1)
+        await pool.async_step_recv(min_get=1)
+        assert _frozen(row)
+    assert gc.get_freeze_count() == 0
+
+
+async def test_a_big_pool_spaces_the_middle_generation_and_restores_it() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        n = FREEZE_FROM
+        async with AsyncEnvPool([LatencyEnv] * n):
+            t0, t1, t2 = gc.get_threshold()
+            assert (t0, t2) == (700, 10) and t1 * t0 >= ALLOCATIONS_PER_ENV * n
+        assert gc.get_threshold() == (700, 10, 10)
+        # thresholds someone else set while the pool was open are theirs: left as they are
+        async with AsyncEnvPool([LatencyEnv] * n):
+            gc.set_threshold(1000, 20, 20)
+        assert gc.get_threshold() == (1000, 20, 20)
+        # a pool that does not freeze leaves them alone
+        gc.set_threshold(700, 10, 10)
+        async with AsyncEnvPool([LatencyEnv] * n, gc_freeze=False):
+            assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
