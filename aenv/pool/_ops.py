@@ -15,7 +15,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from aenv._mdp import getter, with_next
+from aenv._mdp import entry, getter, with_next
 from aenv.envs._common import EnvBase
 
 __all__ = [
@@ -39,11 +39,12 @@ _SEED = EnvBase.set_seed
 def _lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
     # The pool checked batch size and actions against its stacked specs already; an env
     # that keeps EnvBase.step and does no type checks can skip straight to _step.
+    # (read on every step of a streamed env: the mask from the entry dict where it can)
     return (
         type(env).step is _STEP
         and not env.run_type_checks
-        and not env.is_closed
-        and getter(td)("_step") is None
+        and not env._closed
+        and entry(td, "_step") is None
     )
 
 
