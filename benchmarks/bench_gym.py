@@ -1,9 +1,11 @@
 """GymEnv CartPole-v1 rollout: aenv vs TorchRL ``GymEnv`` vs a raw gymnasium loop, same run.
 
 aenv: ``await GymEnv("CartPole-v1").rollout(steps, break_when_any_done=False)`` (random actions,
-episodes reset inside the rollout), and with a small torch policy. TorchRL's ``GymEnv`` and the raw loop
-run in TorchRL's venv (``benchmarks/peers/torchrl_gymenv_cartpole.py``); the raw loop is also
-timed here, and aenv's overhead per step is measured against it.
+episodes reset inside the rollout), and with a small torch policy. TorchRL's ``GymEnv`` (random
+actions, and the same policy) and the raw loop run in TorchRL's venv
+(``benchmarks/peers/torchrl_gymenv_cartpole.py``); each aenv row's ratio is against TorchRL
+running the same actions. The raw loop is also timed here, and aenv's overhead per step is
+measured against it.
 
 Run: ``python benchmarks/bench_gym.py [--quick]``
 """
@@ -87,16 +89,19 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     ours = anyio.run(_aenv_rates, steps, repeats)
     raw = _raw_rate(steps, repeats)
     torchrl = float(peer["torchrl_gymenv_steps_per_s"])
+    torchrl_policy = float(peer["torchrl_gymenv_policy_steps_per_s"])
     raw_peer = float(peer["raw_gymnasium_steps_per_s"])
     rows: list[dict[str, Any]] = []
+    # (each row against TorchRL running the same actions: random ones, or the same policy)
     variants = [
-        ("aenv GymEnv.rollout (random actions)", ours["random"]),
-        ("aenv GymEnv.rollout (torch policy)", ours["policy"]),
-        ("TorchRL GymEnv.rollout", torchrl),
-        ("raw gymnasium loop (aenv venv)", raw),
-        ("raw gymnasium loop (TorchRL venv)", raw_peer),
+        ("aenv GymEnv.rollout (random actions)", ours["random"], torchrl),
+        ("aenv GymEnv.rollout (torch policy)", ours["policy"], torchrl_policy),
+        ("TorchRL GymEnv.rollout (random actions)", torchrl, torchrl),
+        ("TorchRL GymEnv.rollout (torch policy)", torchrl_policy, torchrl_policy),
+        ("raw gymnasium loop (aenv venv)", raw, torchrl),
+        ("raw gymnasium loop (TorchRL venv)", raw_peer, torchrl),
     ]
-    for name, rate in variants:
+    for name, rate, peer_rate in variants:
         rows.append(
             {
                 "benchmark": "gym_cartpole",
@@ -104,7 +109,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 "steps": steps,
                 "steps/s": rate,
                 "us/step": 1e6 / rate,
-                "x TorchRL": rate / torchrl,
+                "x TorchRL (same actions)": rate / peer_rate,
                 "overhead us/step vs raw": 1e6 / rate - 1e6 / raw,
             }
         )

@@ -1,7 +1,8 @@
 """TorchRL ``GymEnv("CartPole-v1")`` rollout against a raw gymnasium loop on the same env.
 
 Times ``GymEnv("CartPole-v1").rollout(steps, break_when_any_done=False)`` (random actions
-from the action spec; done episodes are reset inside the rollout), and a plain gymnasium loop
+from the action spec; done episodes are reset inside the rollout), the same rollout with the
+small torch policy ``bench_gym`` runs on aenv (``policy``), and a plain gymnasium loop
 of ``steps`` ``env.step`` calls with actions drawn beforehand that resets on termination or
 truncation. Reports steps/s for each (best of ``repeats`` after ``warmup``) and the ratio, i.e.
 what TorchRL's wrapper costs per step.
@@ -40,6 +41,18 @@ def workload(p: dict[str, Any]) -> dict[str, Any]:
     )
     check = env.rollout(steps, break_when_any_done=False)
     assert check.batch_size == torch.Size([steps]), check.batch_size
+
+    def policy(td: Any) -> Any:
+        # (the same small torch policy bench_gym runs on aenv's GymEnv)
+        idx = (td.get("observation")[2] > 0).long()
+        td.set("action", torch.nn.functional.one_hot(idx, 2))
+        return td
+
+    t_policy = best_of(
+        lambda: env.rollout(steps, policy, break_when_any_done=False),
+        repeats=repeats,
+        warmup=warmup,
+    )
     env.close()
 
     raw = gym.make("CartPole-v1")
@@ -56,6 +69,7 @@ def workload(p: dict[str, Any]) -> dict[str, Any]:
     raw.close()
     return {
         "torchrl_gymenv_steps_per_s": steps / t_torchrl,
+        "torchrl_gymenv_policy_steps_per_s": steps / t_policy,
         "raw_gymnasium_steps_per_s": steps / t_raw,
         "torchrl_us_per_step": 1e6 * t_torchrl / steps,
         "raw_us_per_step": 1e6 * t_raw / steps,
