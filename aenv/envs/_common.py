@@ -23,6 +23,7 @@ from aenv._mdp import (
     step_mdp,
     unravel,
 )
+from aenv._mdp_tree import fast_update
 from aenv.envs._specs import EnvSpecsMixin, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
@@ -545,8 +546,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if tensordict is None:
             return out
         self._drop_reset_keys(tensordict)
-        tensordict.update(out)
-        return tensordict
+        return fast_update(tensordict, out)
 
     def _check_done_after_reset(
         self, out: TensorDictBase, masks: dict[tuple[str, ...], torch.Tensor] | None
