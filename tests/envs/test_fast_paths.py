@@ -228,7 +228,6 @@ def test_put_writes_like_set_and_falls_back():
         put(td, "c", torch.ones(2))  # locked: set refuses
 
 
-
 def _reset_out(batch: list[int]) -> TensorDict:
     return TensorDict(
         {
@@ -284,6 +283,7 @@ def test_prompt_tensordict_builds_fitting_prompts_and_refuses_others():
     assert td.batch_size == (3,) and td.get("q").batch_size == (3,) and td["q"] == "a"
     with pytest.raises(RuntimeError, match="batch"):
         prompt_tensordict({"t": torch.ones(2)}, torch.Size([3]))  # does not fit [3]
+
 
 def test_bounded_uniform_rand_stays_in_bounds_and_follows_bound_changes():
     from aenv.specs import Bounded
