@@ -482,8 +482,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     def _reset_masks(self, td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor] | None:
         reset_keys = self.reset_keys
         found = {}
+        get = getter(td)
         for key in reset_keys:
-            value = td.get(key, None)
+            value = get(key)
             if value is not None:
                 found[unravel(key)[:-1]] = value
         if not found:
@@ -508,7 +509,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def _drop_reset_keys(self, td: TensorDictBase) -> None:
         for key in self.reset_keys:
-            if td.get(key, None) is not None:
+            if entry(td, key) is not None:
                 del td[key]
 
     def _reset_proc_data(
@@ -555,7 +556,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             sub = out.get(prefix, None) if prefix else out
             if sub is None:
                 continue
-            done = sub.get("done", None)
+            done = entry(sub, "done")
             if done is None or not any_true(done):
                 continue  # (no element done: none done after its reset)
             flag = reduce_mask(done, done.shape)

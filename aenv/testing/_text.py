@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
+from aenv._mdp import entry
 from aenv.envs._common import EnvBase
 from aenv.specs import Composite, NonTensor, Unbounded
 from aenv.specs._utils import done_flags
@@ -20,7 +21,7 @@ _NO_DIMS = torch.Size()
 
 
 def _text(td: TensorDictBase | None, key: str, default: str) -> str:
-    value = None if td is None else td.get(key, None)
+    value = None if td is None else entry(td, key)
     if value is None:
         return default
     value = value.data if isinstance(value, NonTensorData) else value
@@ -95,7 +96,7 @@ class GuessTextEnv(EnvBase):
         self.target = _text(tensordict, "target", "")
         self.text = self.prompt
         self.count = 0
-        schedule = None if tensordict is None else tensordict.get("latencies", None)
+        schedule = None if tensordict is None else entry(tensordict, "latencies")
         self.schedule = None if schedule is None else schedule.reshape(-1).tolist()
         return TensorDict._new_unsafe(
             {"text": NonTensorData(self.text), "prompt": NonTensorData(self.prompt)},  # type: ignore[dict-item]
