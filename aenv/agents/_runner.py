@@ -202,14 +202,16 @@ class EpisodeStream:
             started_at=time.time(),
         )
         try:
-            with anyio.CancelScope() as scope:
-                if self.episode_timeout is not None:
+            if self.episode_timeout is None:
+                await self._play(ep, spec, env_index)  # (no scope of its own to enter)
+            else:
+                with anyio.CancelScope() as scope:
                     scope.deadline = anyio.current_time() + self.episode_timeout
-                await self._play(ep, spec, env_index)
-            if scope.cancelled_caught:
-                ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
-                if ep.turns:
-                    ep.turns[-1].truncated = True
+                    await self._play(ep, spec, env_index)
+                if scope.cancelled_caught:
+                    ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
+                    if ep.turns:
+                        ep.turns[-1].truncated = True
         except Exception as exc:
             # the env (on_error="raise") or the policy failed: the episode keeps the error
             ep.done_reason = "error"
