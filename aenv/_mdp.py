@@ -186,6 +186,23 @@ def _check_undeclared(get: Any, prefix: tuple[str, ...], names: list[str]) -> No
             )
 
 
+def _fill_false(sub: TensorDictBase, names: list[str], zero: torch.Tensor) -> bool:
+    """Write a copy of ``zero`` as each declared flag of a level that has none (what the
+    completion below gives it, in the same order), straight into the entry dict of an
+    unlocked plain TensorDict that ``zero`` fits (as :func:`put` checks, once for the three
+    entries). False, writing nothing, for any other tensordict."""
+    if type(sub) is not TensorDict or sub.is_locked:
+        return False
+    bs, dev = sub.batch_size, sub.device
+    if zero.shape[: len(bs)] != bs or (dev is not None and zero.device != dev):
+        return False
+    entries = sub._tensordict
+    for name in ("terminated", "done", "truncated"):
+        if name in names:
+            entries[name] = zero.clone()
+    return True
+
+
 def complete_done(
     td: TensorDictBase,
     groups: dict[tuple[str, ...], list[str]],
@@ -210,6 +227,10 @@ def complete_done(
         trunc: Any = get("truncated") if "truncated" in names else None
         if _all_false_singletons(names, done, term, trunc):
             continue  # every declared flag given, one CPU element each, all False: complete
+        if done is None and term is None and trunc is None and zeros is not None:
+            zero = zeros.get(prefix)
+            if zero is not None and _fill_false(sub, names, zero):
+                continue  # no flag given (a reset's output): each declared one False
         if term is None:
             if done is not None:
                 term = done.clone()

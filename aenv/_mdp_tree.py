@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from tensordict import (
     LazyStackedTensorDict,
+    NonTensorData,
     NonTensorStack,
     TensorDict,
     TensorDictBase,
@@ -26,6 +27,7 @@ __all__ = [
     "fast_clone",
     "fast_stack",
     "fast_step_mdp",
+    "fast_update",
     "merge_non_tensor",
 ]
 
@@ -226,3 +228,30 @@ def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None
         device=device,
         nested=False,
     )
+
+
+def fast_update(td: TensorDictBase, out: TensorDictBase) -> TensorDictBase:
+    """``td.update(out)``, written into ``td``'s entry dict at once when both are plain
+    TensorDicts without names, ``td`` unlocked, of one batch size, on one device (or
+    ``td`` on none), and every entry of ``out`` is a tensor or non-tensor data (a reset's
+    outputs: prompts, text, flags). TensorDict's update checks each non-tensor entry
+    again (about 40 µs for a text env's reset); ``out``'s entries fit ``td`` as they fit
+    ``out``, and both paths store them by reference."""
+    if (
+        type(td) is TensorDict
+        and type(out) is TensorDict
+        and not td.is_locked
+        and not td._has_names()
+        and not hasattr(td, "_consolidated")
+        and out.batch_size == td.batch_size
+        and (td.device is None or out.device == td.device)
+    ):
+        entries = out._tensordict
+        for value in entries.values():
+            kind = type(value)
+            if kind is not torch.Tensor and kind is not NonTensorData:
+                break  # (a sub-tensordict is merged, not replaced: TensorDict's update)
+        else:
+            td._tensordict.update(entries)
+            return td
+    return td.update(out)

@@ -89,14 +89,26 @@ def prompt_tensordict(
     """A fresh reset input from a prompt (strings and other objects as non-tensor data)."""
     if isinstance(prompt, TensorDictBase):
         return prompt.clone()
-    td = TensorDict(batch_size=batch_size)
+    entries: dict[Any, Any] = {}
+    n = len(batch_size)
+    fits = True
     for key, value in prompt.items():
         if isinstance(value, torch.Tensor):
-            td.set(key, value.clone())
+            value = value.clone()
+            fits = fits and value.shape[:n] == batch_size
         elif isinstance(value, Mapping):
-            td.set(key, prompt_tensordict(value, batch_size))
+            value = prompt_tensordict(value, batch_size)
         else:
-            td.set(key, NonTensorData(value, batch_size=batch_size))  # type: ignore[arg-type]
+            value = NonTensorData(value, batch_size=batch_size)  # type: ignore[arg-type]
+        fits = fits and type(key) is str
+        entries[key] = value
+    if fits:
+        # every entry made to fit: no TensorDict checks (one prompt per episode, thousands
+        # of episodes at once)
+        return TensorDict._new_unsafe(entries, batch_size, nested=False)
+    td = TensorDict(batch_size=batch_size)
+    for key, value in entries.items():
+        td.set(key, value)  # (TensorDict's checks say what does not fit)
     return td
 
 

@@ -15,7 +15,7 @@ import torch
 from anyio.abc import TaskGroup
 from tensordict import NonTensorData, TensorDictBase
 
-from aenv._mdp import any_true, getter, unravel
+from aenv._mdp import any_true, entry, getter, unravel
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
@@ -35,19 +35,23 @@ def _name(key: Any) -> str:
 def _value(value: Any) -> Any:
     """A stored copy of one entry: text as ``str``, tensors cloned."""
     kind = type(value)
-    if kind is NonTensorData or (kind is not torch.Tensor and isinstance(value, NonTensorData)):
+    if kind is NonTensorData:
+        # (its field, read without the tensorclass's attribute machinery: a per-turn read)
+        value = value.__dict__["_non_tensordict"]["data"]
+        kind = type(value)
+    elif kind is not torch.Tensor and isinstance(value, NonTensorData):
         value = value.data
         kind = type(value)
     if kind is torch.Tensor or isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return (value.detach() if value.requires_grad else value).clone()
     if isinstance(value, TensorDictBase):  # a non-tensor stack
         return value.tolist()
     return value
 
 
-def _pick(td: TensorDictBase, keys: list[tuple[Any, str]]) -> dict[str, Any]:
-    """The entries ``keys`` (pairs of key and name) of ``td`` present, copied, by name."""
-    get = getter(td)
+def _pick(get: Callable[[Any], Any], keys: list[tuple[Any, str]]) -> dict[str, Any]:
+    """The entries ``keys`` (pairs of key and name) present, read with ``get`` (a
+    :func:`~aenv._mdp.getter`), copied, by name."""
     out = {}
     for key, name in keys:
         value = get(key)
@@ -198,14 +202,16 @@ class EpisodeStream:
             started_at=time.time(),
         )
         try:
-            with anyio.CancelScope() as scope:
-                if self.episode_timeout is not None:
+            if self.episode_timeout is None:
+                await self._play(ep, spec, env_index)  # (no scope of its own to enter)
+            else:
+                with anyio.CancelScope() as scope:
                     scope.deadline = anyio.current_time() + self.episode_timeout
-                await self._play(ep, spec, env_index)
-            if scope.cancelled_caught:
-                ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
-                if ep.turns:
-                    ep.turns[-1].truncated = True
+                    await self._play(ep, spec, env_index)
+                if scope.cancelled_caught:
+                    ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
+                    if ep.turns:
+                        ep.turns[-1].truncated = True
         except Exception as exc:
             # the env (on_error="raise") or the policy failed: the episode keeps the error
             ep.done_reason = "error"
@@ -215,44 +221,47 @@ class EpisodeStream:
         self._finish(ep, send)
 
     async def _play(self, ep: Episode, spec: EpisodeSpec, env_index: int) -> None:
-        pool = self.pool
+        pool, policy, max_turns = self.pool, self.policy, self.max_turns
+        obs_keys, action_keys, reward_keys = self._obs_keys, self._action_keys, self._reward_keys
         td = await pool.reset_one(env_index, prompt_tensordict(spec.prompt, pool._sub_batch))
-        ep.final_observation = _pick(td, self._obs_keys)
+        ep.final_observation = _pick(getter(td), obs_keys)
+        turns = ep.turns
         clock = time.perf_counter
         while True:
-            if self.max_turns is not None and len(ep.turns) >= self.max_turns:
+            if max_turns is not None and len(turns) >= max_turns:
                 ep.done_reason = "max_turns"
-                if ep.turns:
-                    ep.turns[-1].truncated = True
+                if turns:
+                    turns[-1].truncated = True
                 return
             obs = ep.final_observation
             t0 = clock()
-            out = self.policy(td)
+            out = policy(td)
             if inspect.isawaitable(out):
                 out = await out
             td = td if out is None else out
             t1 = clock()
             stepped = await pool.step_one(env_index, td)
             t2 = clock()
-            nxt = stepped.get("next")
-            done, terminated, truncated = self._flags(nxt)
+            nxt = entry(stepped, "next")
+            get = getter(nxt)  # (one reader for the flags, the reward, the observation)
+            done, terminated, truncated = self._flags(get)
             done = done or terminated or truncated
-            ep.turns.append(
+            turns.append(
                 Turn(
                     observation=obs,
-                    action=_pick(td, self._action_keys),
-                    reward=_pick(nxt, self._reward_keys),
+                    action=_pick(getter(td), action_keys),
+                    reward=_pick(get, reward_keys),
                     terminated=terminated,
                     truncated=truncated or (done and not terminated),
                     policy_s=t1 - t0,
                     env_s=t2 - t1,
                 )
             )
-            ep.final_observation = _pick(nxt, self._obs_keys)
-            kind = nxt.get(ERROR_KEYS[0], None)
+            ep.final_observation = _pick(get, obs_keys)
+            kind = get(ERROR_KEYS[0])
             if kind is not None and _value(kind):
                 # a failed step observed (on_error="observe"): the env was rebuilt
-                ep.error = ErrorInfo(*(str(_value(nxt.get(k))) for k in ERROR_KEYS))
+                ep.error = ErrorInfo(*(str(_value(get(k))) for k in ERROR_KEYS))
                 ep.done_reason = "error"
                 return
             if done:
@@ -260,9 +269,9 @@ class EpisodeStream:
                 return
             td = pool.step_mdp(stepped)
 
-    def _flags(self, nxt: TensorDictBase) -> list[bool]:
-        """Whether any done, terminated and truncated flag of ``nxt`` is set."""
-        get = getter(nxt)
+    def _flags(self, get: Callable[[Any], Any]) -> list[bool]:
+        """Whether any done, terminated and truncated flag is set, read with ``get`` (a
+        :func:`~aenv._mdp.getter` of a step's ``"next"``)."""
         flags = [False, False, False]
         for key, which in self._done_flags:
             if not flags[which]:

@@ -23,6 +23,7 @@ from aenv._mdp import (
     step_mdp,
     unravel,
 )
+from aenv._mdp_tree import fast_update
 from aenv.envs._specs import EnvSpecsMixin, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
@@ -481,8 +482,9 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     def _reset_masks(self, td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor] | None:
         reset_keys = self.reset_keys
         found = {}
+        get = getter(td)
         for key in reset_keys:
-            value = td.get(key, None)
+            value = get(key)
             if value is not None:
                 found[unravel(key)[:-1]] = value
         if not found:
@@ -507,7 +509,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
 
     def _drop_reset_keys(self, td: TensorDictBase) -> None:
         for key in self.reset_keys:
-            if td.get(key, None) is not None:
+            if entry(td, key) is not None:
                 del td[key]
 
     def _reset_proc_data(
@@ -545,8 +547,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if tensordict is None:
             return out
         self._drop_reset_keys(tensordict)
-        tensordict.update(out)
-        return tensordict
+        return fast_update(tensordict, out)
 
     def _check_done_after_reset(
         self, out: TensorDictBase, masks: dict[tuple[str, ...], torch.Tensor] | None
@@ -555,7 +556,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             sub = out.get(prefix, None) if prefix else out
             if sub is None:
                 continue
-            done = sub.get("done", None)
+            done = entry(sub, "done")
             if done is None or not any_true(done):
                 continue  # (no element done: none done after its reset)
             flag = reduce_mask(done, done.shape)

@@ -228,6 +228,63 @@ def test_put_writes_like_set_and_falls_back():
         put(td, "c", torch.ones(2))  # locked: set refuses
 
 
+def _reset_out(batch: list[int]) -> TensorDict:
+    return TensorDict(
+        {
+            "text": NonTensorData("hi", batch_size=batch),
+            "done": torch.zeros(*batch, 1, dtype=torch.bool),
+            "obs": torch.ones(*batch, 2),
+        },
+        batch,
+    )
+
+
+@pytest.mark.parametrize("batch", [[], [2]])
+def test_fast_update_matches_update(batch):
+    from aenv._mdp_tree import fast_update
+
+    def start() -> TensorDict:
+        return TensorDict(
+            {"prompt": NonTensorData("q", batch_size=batch), "obs": torch.zeros(*batch, 2)},
+            batch,
+        )
+
+    out = _reset_out(batch)
+    fast, slow = fast_update(start(), out), start().update(out)
+    assert list(fast.keys()) == list(slow.keys()) == ["prompt", "obs", "text", "done"]
+    for key in out.keys():  # stored by reference, as update stores them
+        assert fast._tensordict[key] is slow._tensordict[key] is out._tensordict[key]
+    assert fast["prompt"] == slow["prompt"]
+
+
+def test_fast_update_leaves_merges_and_refusals_to_update():
+    from aenv._mdp_tree import fast_update
+
+    # a sub-tensordict is merged into the one there, not put in its place
+    td = TensorDict({"sub": {"a": torch.zeros(1)}}, [])
+    fast_update(td, TensorDict({"sub": {"b": torch.ones(1)}}, []))
+    assert sorted(td["sub"].keys()) == ["a", "b"]
+    # locked: update's own refusal
+    with pytest.raises(RuntimeError):
+        fast_update(TensorDict({}, []).lock_(), _reset_out([]))
+    # another batch size: update's own rules (here: a prefix batch size is accepted)
+    td = fast_update(TensorDict({}, []), _reset_out([2]))
+    assert td["obs"].shape == (2, 2)
+
+
+def test_prompt_tensordict_builds_fitting_prompts_and_refuses_others():
+    from aenv.agents._groups import prompt_tensordict
+
+    prompt = {"q": "2+2", "t": torch.ones(2), "meta": {"id": 3}}
+    td = prompt_tensordict(prompt, torch.Size())
+    assert td["q"] == "2+2" and td["meta", "id"] == 3 and td["t"] is not prompt["t"]
+    assert torch.equal(td["t"], prompt["t"])
+    td = prompt_tensordict({"q": "a", "t": torch.ones(3, 2)}, torch.Size([3]))
+    assert td.batch_size == (3,) and td.get("q").batch_size == (3,) and td["q"] == "a"
+    with pytest.raises(RuntimeError, match="batch"):
+        prompt_tensordict({"t": torch.ones(2)}, torch.Size([3]))  # does not fit [3]
+
+
 def test_bounded_uniform_rand_stays_in_bounds_and_follows_bound_changes():
     from aenv.specs import Bounded
 

@@ -251,6 +251,19 @@ def test_complete_done_cases_and_no_aliasing():
     td = complete_done(TensorDict({}, []), groups, zeros)
     assert not td["done"].any() and not td["terminated"].any() and not td["truncated"].any()
     assert td["terminated"] is not zeros[()] and td["done"] is not td["terminated"]
+    assert td["truncated"] is not td["done"] and td["truncated"] is not td["terminated"]
+    assert list(td.keys()) == ["terminated", "done", "truncated"]
+    td["done"][0] = True  # each a tensor of its own: writing one changes no other
+    assert not td["terminated"].item() and not td["truncated"].item() and not zeros[()].item()
+    # a level declaring no truncated gets none; a batched level gets zeros of its shape
+    td = complete_done(TensorDict({}, []), {(): ["done", "terminated"]}, zeros)
+    assert sorted(td.keys()) == ["done", "terminated"]
+    bz = {(): torch.zeros(3, 1, dtype=torch.bool)}
+    td = complete_done(TensorDict({}, [3]), groups, bz)
+    assert td["done"].shape == (3, 1) and not td["truncated"].any()
+    # a locked tensordict is written through its checks (which refuse new entries)
+    with pytest.raises(RuntimeError):
+        complete_done(TensorDict({}, []).lock_(), groups, zeros)
     # only done: terminated is a copy, not the same tensor
     td = complete_done(TensorDict({"done": t.clone()}, []), groups, zeros)
     assert td["terminated"].item() and td["terminated"] is not td["done"]
