@@ -20,8 +20,10 @@ results are one view per leaf across workers: they are handed out in place
 pool's step). The streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
 
 A stacked call's commands and replies skip the socket: each worker's share is rung on its
-doorbell (:mod:`aenv.pool._process_bell`: a shared page and two eventfds) and the worker
-rings back once all its envs' results are in the rows. What cannot come back that way (a
+doorbell (:mod:`aenv.pool._process_bell`: a shared page and an eventfd per worker) and
+each worker writes its answer into its page once all its envs' results are in the rows;
+only the last worker of the call to finish wakes the parent (the pool's tally: one wake-up
+per call, which then reads every worker's page). What cannot come back that way (a
 failure, a pickled result, a streamed batch of a call with a step timeout) still takes a
 ``"b"`` frame, and a call is rung only when nothing waits to be written to the worker's
 socket before it, so the worker, which reads its socket before taking a call (when the
@@ -53,7 +55,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,7 +75,7 @@ from aenv.exceptions import (
 from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell, Tally
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -211,11 +212,6 @@ class ProcessBackend(ClosingMixin, Backend):
             after a crash) before a worker is given up, its envs then failing with
             :class:`~aenv.exceptions.WorkerRestartError` (default 5); the tries back off,
             ``restart_backoff`` seconds doubling each time (default 0.1).
-        bell_spin: seconds the parent, woken by a worker that finished its share of a
-            doorbell call, watches the other workers' pages for theirs before going back to
-            sleep, when fewer of them are still working than there are cores (so the
-            watching takes no core a worker needs): the call then costs it one wake-up, not
-            one per worker (default 0: sleep at once; see ``benchmarks/RESULTS.md``).
     """
 
     name = "process"
@@ -232,7 +228,6 @@ class ProcessBackend(ClosingMixin, Backend):
         replace_timeout: float = 2.0,
         restart_attempts: int = 5,
         restart_backoff: float = 0.1,
-        bell_spin: float = 0.0,
     ) -> None:
         super().__init__(deliver)
         if sys.platform == "win32":  # pragma: no cover
@@ -254,12 +249,10 @@ class ProcessBackend(ClosingMixin, Backend):
             raise ValueError(f"restart_attempts must be >= 1, got {restart_attempts}")
         self.restart_attempts = restart_attempts
         self.restart_backoff = restart_backoff
-        if bell_spin < 0:
-            raise ValueError(f"bell_spin must be >= 0, got {bell_spin}")
-        self.bell_spin = bell_spin
-        self._cores = os.cpu_count() or 1
         #: the doorbell call last rung: its sequence number and the workers rung
         self._rung: tuple[int, list[_Worker]] | None = None
+        #: the pool's tally of the workers that finished a doorbell call (None: no doorbell)
+        self._tally: Tally | None = None
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -310,6 +303,9 @@ class ProcessBackend(ClosingMixin, Backend):
             self._ctx.set_forkserver_preload(["aenv.pool._process_worker"])
         self._lifeline_r, self._lifeline = self._ctx.Pipe(duplex=False)
         parent_only(self._lifeline)
+        if Bell.available():
+            self._tally = Tally()
+            self._channels.append(self._tally)  # (the finalizer's, as the sockets)
         self._bank_slots = [[None] * n for _ in range(BANKS)]
         self._bank_rows = [[None] * n for _ in range(BANKS)]
         self._slots = self._bank_slots[0]
@@ -495,11 +491,8 @@ class ProcessBackend(ClosingMixin, Backend):
         assert w.chan is not None
         # a doorbell per start: nothing a dead worker rang or answered reaches this one
         w.close_bell()
-        if Bell.available():
-            w.bell = Bell(len(w.indices))
-            self._channels.append(w.bell)  # (the finalizer's, as the sockets)
-            if self._loop is not None:
-                w.bell.attach(self._loop, weak_callback(self._on_bell, w))
+        if self._tally is not None:
+            w.bell = Bell(len(w.indices), tally=self._tally)
         w.chan.send_fds([w.region_fd, *(w.bell.fds if w.bell is not None else ())])
         self._send_out(w, [("slots", w.region_size, w.layouts, w.bank_size)])
         w.state = "ready"
@@ -526,8 +519,8 @@ class ProcessBackend(ClosingMixin, Backend):
         for w in self._workers:
             if w.chan is not None and not w.chan.closed:
                 w.chan.attach(loop, weak_callback(self._on_readable, w))
-            if w.bell is not None:
-                w.bell.attach(loop, weak_callback(self._on_bell, w))
+        if self._tally is not None:
+            self._tally.attach(loop, weak_callback(self._on_done))
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending and self._loop is not None:
@@ -563,37 +556,29 @@ class ProcessBackend(ClosingMixin, Backend):
             for msg in frame:
                 self._on_message(w, msg)
 
-    def _on_bell(self, w: _Worker) -> None:
-        """The worker rang back: a stacked call's envs all answered, results in the rows
-        (see :mod:`aenv.pool._process_bell`); handled as the ``"b"`` frame it replaces."""
-        bell = w.bell
-        if bell is None or self._closing:
+    def _on_done(self) -> None:
+        """The last worker of a doorbell call finished: its envs' answers, and the other
+        rung workers', are in their pages (see :mod:`aenv.pool._process_bell`)."""
+        tally = self._tally
+        if tally is None or self._closing:
             return
-        done = bell.take_done()
-        if done is None:
-            return
-        seq, outcomes = done
-        entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
-        if entries:
-            self._on_batch_reply(seq, entries)
-        rung = self._rung
-        if self.bell_spin and rung is not None and rung[0] == seq:
-            self._watch(seq, rung[1])
+        tally.take()
+        self._take_answers()
 
-    def _watch(self, seq: int, rung: list[_Worker]) -> None:
-        """Watch the pages of the workers of call ``seq`` still working on it, for at most
-        ``bell_spin`` seconds, when fewer of them work than there are cores; take the
-        answers of all of them if they come in that time (their wake-ups, read here, no
-        longer wake the loop), else leave them to wake it (see ``bell_spin``)."""
-        pending = [v for v in rung if v.bell is not None and v.bell.answered() < seq]
-        if not pending or len(pending) >= self._cores:
-            return
-        deadline = time.perf_counter() + self.bell_spin
-        while any(v.bell.answered() < seq for v in pending):  # type: ignore[union-attr]
-            if time.perf_counter() > deadline:
-                return
-        for v in pending:
-            self._on_bell(v)
+    def _take_answers(self) -> None:
+        """Take every answer the workers wrote into their pages since last taken; each is
+        handled as the ``"b"`` frame it replaces (results in the rows)."""
+        for w in self._workers:
+            bell = w.bell
+            if bell is None:
+                continue
+            done = bell.take_done()
+            if done is None:
+                continue
+            seq, outcomes = done
+            entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+            if entries:
+                self._on_batch_reply(seq, entries)
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         if self._closing:
@@ -956,9 +941,9 @@ class ProcessBackend(ClosingMixin, Backend):
         current = (seq, op)
         stepping = batch.stepping
         staged = self._stacked[bank]  # type: ignore[index]
-        rung: list[_Worker] = []
         # (no _last_cmd: it is only read back for resets)
         try:
+            shares = []
             for part, w in enumerate(self._workers):
                 if stepping is None:
                     envs = w.indices
@@ -970,11 +955,17 @@ class ProcessBackend(ClosingMixin, Backend):
                     if not envs:
                         continue
                     items = [(i, None) for i in envs]
+                shares.append((part, w, envs, items, not timed and self._rings(w)))
+            rung = [share[1] for share in shares if share[4]]
+            if rung:
+                assert self._tally is not None
+                self._tally.arm(len(rung))  # (before the first ring: the last one rings back)
+            for part, w, envs, items, ring in shares:
                 for i in envs:
                     inflight[i] = current
                     batch_of[i] = (batch, i)
-                if not timed and self._ring(w, seq, op, bank, stepping, carry):
-                    rung.append(w)
+                if ring:
+                    self._ring(w, seq, op, bank, stepping, carry)
                 else:
                     if carry is not None:
                         staged.carry(carry[0], carry[1], [part])
@@ -1009,13 +1000,10 @@ class ProcessBackend(ClosingMixin, Backend):
         bank: int,
         stepping: frozenset[int] | None,
         carry: tuple[StackedBlocks, list[bool] | None] | None = None,
-    ) -> bool:
-        """Start a stacked call's share of ``w`` with its doorbell; False (nothing done)
-        where the socket must carry it: no doorbell, a worker not ready, or commands still
-        queued for it (the doorbell would overtake them)."""
-        bell, chan = w.bell, w.chan
-        if bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending:
-            return False
+    ) -> None:
+        """Start a stacked call's share of ``w`` with its doorbell (see :meth:`_rings`)."""
+        bell = w.bell
+        assert bell is not None
         flags = None
         if stepping is not None:
             resets = None if carry is None else carry[1]
@@ -1040,7 +1028,16 @@ class ProcessBackend(ClosingMixin, Backend):
                         patched[k] = STEPS | CARRY_RESET
                     flags = bytes(patched)
         bell.ring(seq, op, bank, flags)
-        return True
+
+    @staticmethod
+    def _rings(w: _Worker) -> bool:
+        """Whether a stacked call's share of ``w`` may go on its doorbell; not where the
+        socket must carry it: no doorbell, a worker not ready, or commands still queued
+        for it (the doorbell would overtake them)."""
+        chan = w.chan
+        return not (
+            w.bell is None or w.state != "ready" or w.outbox or chan is None or chan.pending
+        )
 
     def _send_batch(
         self,
@@ -1204,6 +1201,12 @@ class ProcessBackend(ClosingMixin, Backend):
         for i in w.indices:
             self._fences.pop(i, None)
         w.close_bell()
+        rung = self._rung
+        if rung is not None and w in rung[1] and self._tally is not None:
+            # it will not finish the call rung on it: finish for it, in case the others
+            # are done already (their answers wait in their pages, no wake-up to come)
+            self._tally.stand_in()
+            self._take_answers()
         if w.chan is not None:
             w.chan.close()
         w.close_probe(self._loop)

@@ -5,7 +5,7 @@ and results in the shared-memory rows already; what is left to exchange is "go" 
 "done". Sending them as pickled frames over the worker's socket cost each side a pickle,
 a frame and a socket write per batch (the write that wakes the other end being the
 dearest single item of the parent's batch step). The doorbell carries them instead: a small
-shared page and two ``eventfd`` counters per worker.
+shared page and an ``eventfd`` go counter per worker, and the pool's tally (below).
 
 * go: the parent writes the op, the bank, one byte per env of the worker (whether it steps,
   and whether it first carries its input's observation and done flags over from the other
@@ -17,19 +17,33 @@ shared page and two ``eventfd`` counters per worker.
   spares it a read per step.
 * done: once every env answered with its results in the rows, the worker writes each
   env's outcome flag (0: not part of it, 1: in the rows, 2: in the rows and reset), then
-  the sequence number, then adds 1 to the done counter (the parent's loop watches it).
+  the sequence number into its page. Only the last of the call's workers to finish wakes
+  the parent (:class:`Tally`): one wake-up per call, however many workers it rang.
 
 Everything else (failures, pickled results, streamed batches, cancels, crashes) keeps the
 socket, so a call whose envs do not all answer in the rows comes back as a ``"b"`` frame
-as before. Measured on a 2-core machine (see ``benchmarks/RESULTS.md``), an eventfd or a
-pipe wake-up costs about half a socket write, and a shared-memory flag with a short spin
-before sleeping was slower at every cost per step (the spinner takes a core from the
-workers), so the doorbell sleeps at once.
+as before (that worker still counts as finished in the tally).
+
+The tally (:class:`Tally`, one per pool): a done counter the parent's loop watches and a
+counter of tokens (an ``eventfd`` in semaphore mode, whose reads take one token or fail,
+atomically across processes). Ringing a call on ``k`` workers, the parent first takes any
+token left (a call given up, a worker that died), then puts ``k - 1`` tokens in. A worker
+that finished its share takes a token; the one that finds none is the last, and adds 1 to
+the done counter. Woken, the parent reads every worker's page for answers it has not
+taken. What can go wrong only adds wake-ups: a worker still finishing a call given up may
+take a token meant for the next call (the next call's last two workers both ring), and
+for a worker that died the parent takes its token itself (then reads the pages).
+
+Measured on a 2-core machine (see ``benchmarks/RESULTS.md``), an eventfd or a pipe
+wake-up costs about half a socket write, and a shared-memory flag with a short spin before
+sleeping was slower at every cost per step (the spinner takes a core from the workers), so
+the doorbell sleeps at once.
 
 The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence at 16, ``<q``
 frames sent at 24, then one byte per env of the worker (:data:`STEPS`, :data:`CARRY_NEXT`,
-:data:`CARRY_RESET` bits), then one outcome byte per env. The counters and the page's writes are ordered by the eventfd syscalls (a full
-barrier on both sides).
+:data:`CARRY_RESET` bits), then one outcome byte per env. The page's writes are ordered
+with the counters' by the eventfd syscalls (each takes the counter's lock: a worker's
+answer is seen by whoever takes its token or is woken after it).
 """
 
 from __future__ import annotations
@@ -42,7 +56,7 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 
-__all__ = ["CARRY_NEXT", "CARRY_RESET", "OPS", "STEPS", "STEP_BITS", "Bell"]
+__all__ = ["CARRY_NEXT", "CARRY_RESET", "OPS", "STEPS", "STEP_BITS", "Bell", "Tally"]
 
 #: op names by their code in the page
 OPS = ("step", "step_and_maybe_reset")
@@ -56,58 +70,38 @@ STEPS, CARRY_NEXT, CARRY_RESET = 1, 2, 4
 STEP_BITS = bytes(b & STEPS for b in range(256))
 
 
-def _close(fds: list[int], page: mmap.mmap) -> None:
-    with contextlib.suppress(Exception):
-        page.close()
+def _close(fds: list[int], page: mmap.mmap | None) -> None:
+    if page is not None:
+        with contextlib.suppress(Exception):
+            page.close()
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
 
 
-class Bell:
-    """One worker's doorbell (see the module docstring).
+class Tally:
+    """A pool's tally of finished workers (see the module docstring): the parent's side.
 
-    Args:
-        n: the number of envs the worker holds.
-        fds: the page's, the go counter's and the done counter's descriptors (the worker's
-            side, received from the parent); None makes new ones (the parent's side).
+    ``fds``: the done counter's and the tokens' descriptors, sent to every worker with its
+    doorbell's.
     """
 
-    def __init__(self, n: int, fds: Sequence[int] | None = None) -> None:
-        self.n = n
-        size = mmap.PAGESIZE * (1 + (_MASK + 2 * n) // mmap.PAGESIZE)
-        if fds is None:
-            page_fd = os.memfd_create("aenv-bell", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(page_fd, size)
-                go = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-                done = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            except BaseException:
-                os.close(page_fd)
-                raise
-            fds = [page_fd, go, done]
-        else:
-            for fd in fds:
-                os.set_blocking(fd, False)
-        self.fds = list(fds)
-        self.page_fd, self.go_fd, self.done_fd = self.fds
-        self.page = mmap.mmap(self.page_fd, size)
-        self._res = _MASK + n
-        self._all = bytes([STEPS]) * n
-        #: the last sequence number taken from the page (go on the worker, done on the parent)
-        self.taken = 0
-        self._finalizer = weakref.finalize(self, _close, self.fds, self.page)
+    def __init__(self) -> None:
+        done = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            tokens = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE)
+        except BaseException:
+            os.close(done)
+            raise
+        self.fds = [done, tokens]
+        self.done_fd, self.tokens_fd = self.fds
+        self._finalizer = weakref.finalize(self, _close, self.fds, None)
         #: the parent's loop watching the done counter
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
-
-    @staticmethod
-    def available() -> bool:
-        """Whether this platform has what the doorbell needs (Linux's eventfd, memfd)."""
-        return hasattr(os, "eventfd") and hasattr(os, "memfd_create")
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_done: Callable[[], None]) -> None:
         """Watch the done counter from ``loop`` (moving from a previous loop if any)."""
@@ -124,9 +118,84 @@ class Bell:
             loop.remove_reader(self.done_fd)
 
     def close(self) -> None:
-        """Stop watching, unmap the page and close the descriptors (idempotent)."""
+        """Stop watching and close the descriptors (idempotent)."""
         if not self.closed:
             self.detach()
+        self._finalizer()
+
+    def arm(self, workers: int) -> None:
+        """A call is about to be rung on ``workers`` workers: the last to finish rings."""
+        fd = self.tokens_fd
+        with contextlib.suppress(BlockingIOError):
+            while True:  # (tokens left by a call given up or a worker that died)
+                os.eventfd_read(fd)
+        if workers > 1:
+            os.eventfd_write(fd, workers - 1)
+
+    def stand_in(self) -> None:
+        """Finish for a rung worker that died: take its token (the pages are read next)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.tokens_fd)
+
+    def take(self) -> None:
+        """Reset the done counter (the parent was woken: it reads the pages next)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.done_fd)
+
+
+class Bell:
+    """One worker's doorbell (see the module docstring).
+
+    Args:
+        n: the number of envs the worker holds.
+        fds: the page's, the go counter's, the pool's done counter's and tokens'
+            descriptors (the worker's side, received from the parent); None makes a new
+            page and go counter and takes the others from ``tally`` (the parent's side).
+        tally: the pool's :class:`Tally` (the parent's side).
+    """
+
+    def __init__(
+        self, n: int, fds: Sequence[int] | None = None, tally: Tally | None = None
+    ) -> None:
+        self.n = n
+        size = mmap.PAGESIZE * (1 + (_MASK + 2 * n) // mmap.PAGESIZE)
+        if fds is None:
+            assert tally is not None
+            page_fd = os.memfd_create("aenv-bell", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(page_fd, size)
+                go = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            except BaseException:
+                os.close(page_fd)
+                raise
+            own = [page_fd, go]
+            fds = [*own, *tally.fds]
+        else:
+            for fd in fds:
+                os.set_blocking(fd, False)
+            own = list(fds)
+        #: what goes to the worker: page, go counter, done counter, tokens
+        self.fds = list(fds)
+        self.page_fd, self.go_fd, self.done_fd, self.tokens_fd = self.fds
+        self.page = mmap.mmap(self.page_fd, size)
+        self._res = _MASK + n
+        self._all = bytes([STEPS]) * n
+        #: the last sequence number taken from the page (go on the worker, done on the parent)
+        self.taken = 0
+        # (the parent's side closes only its page and go counter: the tally is the pool's)
+        self._finalizer = weakref.finalize(self, _close, own, self.page)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this platform has what the doorbell needs (Linux's eventfd, memfd)."""
+        return hasattr(os, "eventfd") and hasattr(os, "memfd_create")
+
+    def close(self) -> None:
+        """Unmap the page and close the descriptors (idempotent)."""
         self._finalizer()
 
     # ------------------------------------------------------------------ parent side
@@ -149,8 +218,6 @@ class Bell:
     def take_done(self) -> tuple[int, bytes] | None:
         """The latest completed call not taken yet: its sequence number and one outcome
         byte per env; None when there is none."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.done_fd)
         seq = _SEQ.unpack_from(self.page, _DONE)[0]
         if seq == self.taken:
             return None
@@ -184,4 +251,12 @@ class Bell:
         byte per env (0: not in the call, 1: done, 2: done and reset)."""
         self.page[self._res : self._res + self.n] = outcomes
         _SEQ.pack_into(self.page, _DONE, seq)
-        os.eventfd_write(self.done_fd, 1)
+        self.finished()
+
+    def finished(self) -> None:
+        """This worker is done with the call rung last (answered on the page or over the
+        socket): the last of its workers to finish wakes the parent (see :class:`Tally`)."""
+        try:
+            os.eventfd_read(self.tokens_fd)
+        except BlockingIOError:
+            os.eventfd_write(self.done_fd, 1)

@@ -130,10 +130,10 @@ class Worker:
         self.bell: Bell | None = None
 
     def close_bell(self) -> None:
-        """Stop watching and close the doorbell."""
+        """Close the doorbell (its page and go counter; the pool's tally stays)."""
         bell, self.bell = self.bell, None
         if bell is not None:
-            _detach_and_close(bell)
+            bell.close()
 
     def close_probe(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Stop watching and close the probe socket."""
@@ -245,6 +245,7 @@ class ClosingMixin:
     _lifeline_r: Any
     _procs: list[Any]
     _loop: asyncio.AbstractEventLoop | None
+    _tally: Any
 
     # ------------------------------------------------------------------ closing
     def abort(self) -> None:
@@ -313,6 +314,8 @@ class ClosingMixin:
             chan.close()
 
     def _release(self) -> None:
+        if self._tally is not None:
+            _detach_and_close(self._tally)
         for w in self._workers:
             w.close_bell()
             if w.region_fd >= 0:

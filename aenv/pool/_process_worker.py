@@ -215,7 +215,7 @@ def worker_main(
             chan.flush_blocking(5.0)
         os._exit(1)
     try:
-        fd, *bell_fds = chan.recv_fds(4)
+        fd, *bell_fds = chan.recv_fds(5)
         ((_, size, layouts, bank_size),) = chan.recv_blocking(limit=1)[0]
         flat = map_region(fd, size)
         os.close(fd)
@@ -681,10 +681,13 @@ class _Runtime:
 
     def _flush(self) -> None:
         self.flush_scheduled = False
+        finished = False  # (the call rung last, answered in a frame: counted once it is sent)
         if self.out_batches:
             for batch in self.out_batches:
                 if not (batch.rung and self._answer_bell(batch)):
                     self.out.append(("b", batch.seq, batch.entries))
+                    if batch.rung and not batch.left and batch.seq == self.bell.taken:  # type: ignore[union-attr]
+                        finished = True
                 batch.entries = []
                 batch.listed = False
             self.out_batches = []
@@ -695,6 +698,8 @@ class _Runtime:
             except ChannelClosed:
                 self.parent_gone = True
                 self._stop()
+        if finished:
+            self.bell.finished()  # type: ignore[union-attr]
 
     def _answer_bell(self, batch: _Batch) -> bool:
         """Answer a rung batch through the doorbell: only when every env's results are in

@@ -1,9 +1,11 @@
 """The process backend's doorbell (:mod:`aenv.pool._process_bell`): a stacked step's go and
-done signals, what falls back to the socket, and a fresh doorbell after a respawn."""
+done signals, one wake-up of the parent per call (the tally), what falls back to the
+socket, and a fresh doorbell after a respawn."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 from functools import partial
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 
 from aenv import PoolError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
-from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, STEPS, Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, STEPS, Bell, Tally
 from aenv.testing import CountingEnv
 
 pytestmark = [
@@ -36,6 +38,15 @@ class Rings:
     def __init__(self, pool: ProcessorAsyncEnvPool, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rung: list[tuple[int, int, str]] = []  # (worker, seq, op)
         self.frames = 0
+        self.wakes = 0  # the parent's wake-ups by the tally
+        tally = pool._backend._tally  # type: ignore[attr-defined]
+        take = tally.take
+
+        def spy_take() -> None:
+            self.wakes += 1
+            take()
+
+        monkeypatch.setattr(tally, "take", spy_take)
         for w in pool._backend._workers:  # type: ignore[attr-defined]
             ring, send = w.bell.ring, w.chan.send
 
@@ -51,8 +62,14 @@ class Rings:
             monkeypatch.setattr(w.chan, "send", spy_send)
 
 
+def rang(tally: Tally) -> bool:
+    """Whether the tally's done counter was rung (the parent's loop would wake)."""
+    return bool(select.select([tally.done_fd], [], [], 0)[0])
+
+
 def test_a_call_is_taken_once_and_answered_once():
-    parent = Bell(3)
+    tally = Tally()
+    parent = Bell(3, tally=tally)
     worker = Bell(3, [os.dup(fd) for fd in parent.fds])
     try:
         assert worker.take_go() is None  # nothing rung yet
@@ -69,7 +86,11 @@ def test_a_call_is_taken_once_and_answered_once():
         assert worker.take_go() == (7, "step", 0, b"\x01\x01\x01")  # the latest call
         assert worker.take_go() is None
         assert parent.take_done() is None
+        tally.arm(1)
         worker.answer(7, b"\x01\x02\x00")
+        assert rang(tally)  # the only worker of the call is its last
+        tally.take()
+        assert not rang(tally)
         assert parent.take_done() == (7, b"\x01\x02\x00")
         assert parent.take_done() is None  # taken
     finally:
@@ -78,6 +99,45 @@ def test_a_call_is_taken_once_and_answered_once():
     assert parent.closed and worker.closed
     with pytest.raises(OSError):
         os.fstat(parent.go_fd)
+    assert not tally.closed  # (the pool's: closed with the pool)
+    os.fstat(tally.done_fd)
+    tally.close()
+    with pytest.raises(OSError):
+        os.fstat(tally.done_fd)
+
+
+def test_only_the_last_worker_of_a_call_rings():
+    tally = Tally()
+    parents = [Bell(1, tally=tally) for _ in range(3)]
+    workers = [Bell(1, [os.dup(fd) for fd in p.fds]) for p in parents]
+    try:
+        tally.arm(3)
+        workers[2].answer(1, b"\x01")
+        workers[0].answer(1, b"\x01")
+        assert not rang(tally)  # one still works
+        assert [p.take_done() for p in parents[::2]] == [(1, b"\x01")] * 2
+        workers[1].answer(1, b"\x02")
+        assert rang(tally)
+        tally.take()
+        # a call given up with one answer in: its tokens left are taken back when the next
+        # call is rung, which rings once its own two workers are done
+        tally.arm(3)
+        workers[0].answer(2, b"\x01")
+        tally.arm(2)
+        workers[1].answer(3, b"\x01")
+        assert not rang(tally)
+        workers[2].answer(3, b"\x01")
+        assert rang(tally)
+        tally.take()
+        # a rung worker died: the parent takes its token, so the other one rings
+        tally.arm(2)
+        tally.stand_in()
+        workers[0].answer(4, b"\x01")
+        assert rang(tally)
+    finally:
+        for bell in (*workers, *parents):
+            bell.close()
+        tally.close()
 
 
 async def test_stacked_steps_ring_and_others_use_the_socket(monkeypatch):
@@ -98,6 +158,8 @@ async def test_stacked_steps_ring_and_others_use_the_socket(monkeypatch):
         out = await pool.rollout(4, break_when_any_done=False, auto_reset=False, tensordict=td)
         assert out["next", "observation"][:, -1].squeeze(-1).tolist() == [7] * 4
         assert len(rings.rung) == 8 and rings.frames == 2
+        # the parent was woken once per call, by the last of its two workers
+        assert rings.wakes == 3 + 4
 
 
 async def test_a_step_timeout_streams_the_batch_through_the_socket(monkeypatch):

@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from functools import partial
-from typing import Any
 
 import cloudpickle
 import pytest
 import torch
 from tensordict import TensorDictBase
 
-from aenv.pool import AsyncEnvPool
 from aenv.pool._backend import Stacked
 
-from .test_process_stacked import LIMITS, WalkEnv, assert_same, until, walk_pool
+from .test_process_stacked import assert_same, until, walk_pool
 
 pytestmark = pytest.mark.timeout(90)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -111,40 +108,3 @@ async def test_a_respawned_worker_maps_the_same_region():
         torch.manual_seed(1)
         expected = await ref.rollout(7, break_when_any_done=False)
     assert_same(expected, got)
-
-
-async def _spun_rollouts(backend: str, calls: list[int]) -> list[TensorDictBase]:
-    options: dict[str, Any] = {}
-    if backend == "process":
-        options = {"num_workers": 2, "start_method": "forkserver", "bell_spin": 0.5}
-    fns = [partial(WalkEnv, limit=lim) for lim in LIMITS]
-    async with AsyncEnvPool(fns, backend=backend, backend_options=options) as pool:
-        if backend == "process":
-            inner = pool._backend
-            inner._cores = 64  # (watch whatever this machine's cores: the path is tested)
-            watch = inner._watch
-
-            def spy(seq: int, rung: list[Any]) -> None:
-                calls.append(seq)
-                watch(seq, rung)
-
-            inner._watch = spy
-        await pool.set_seed(2)
-        torch.manual_seed(4)
-        return [await pool.rollout(8, break_when_any_done=False) for _ in range(2)]
-
-
-async def test_watching_the_pages_after_a_wake_up_gives_the_same_rollouts():
-    expected = await _spun_rollouts("coroutine", [])
-    calls: list[int] = []
-    got = await _spun_rollouts("process", calls)
-    assert calls  # the parent watched the other worker's page after a wake-up
-    for a, b in zip(expected, got, strict=True):
-        assert_same(a, b)
-
-
-def test_bell_spin_must_not_be_negative():
-    from aenv.pool._process import ProcessBackend
-
-    with pytest.raises(ValueError, match="bell_spin"):
-        ProcessBackend(lambda i, o: None, bell_spin=-1.0)

@@ -498,7 +498,17 @@ async def test_a_cancelled_step_keeps_its_input_until_the_worker_lets_go():
         os.kill(worker0, signal.SIGSTOP)
         try:
             first = asyncio.ensure_future(pool.step(right))
-            await until(lambda: backend._batch_of[0] is not None and backend._batch_of[3] is None)
+
+            def worker1_done() -> bool:
+                # (rung, worker 1's answer waits in its page: only the call's last worker
+                # wakes the parent)
+                inflight, bell = backend._inflight[0], backend._workers[1].bell
+                return inflight is not None and (
+                    backend._batch_of[3] is None
+                    or (bell is not None and bell.answered() == inflight[0])
+                )
+
+            await until(worker1_done)
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
