@@ -30,8 +30,9 @@ on by that growth, then walk every step in flight, scattered over a heap of giga
 hundreds of nanoseconds an object. So while a freezing pool is open, the middle generation
 is collected once per :data:`ALLOCATIONS_PER_ENV` allocations per env of the biggest such
 pool (its threshold raised, never lowered): a step's objects die there before they are
-walked a second time. 16,384 streamed envs of 200 ms spent 85-140 us of collector time per
-step before, 20 after (``benchmarks/bench_scale.py``, the ``limit`` table).
+walked a second time. 16,384 streamed envs of 200 ms spent 131 us of collector time per
+step with the first two freezes alone, 30 with this and the settle freezes, and no full
+collection in the window instead of 9 (``benchmarks/bench_scale.py --limit-one``, quiet).
 
 What it costs. Reference counting frees frozen objects as usual; only cyclic garbage among
 them waits until the pool closes, and cyclic garbage made while it is open waits longer for
