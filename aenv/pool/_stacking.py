@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
@@ -64,6 +65,12 @@ def _entries(td: TensorDictBase) -> dict[str, Any] | None:
         return None
     entries = getattr(td, "_tensordict", None)
     return entries if isinstance(entries, dict) else None
+
+
+def index_tensor(values: Sequence[int]) -> torch.Tensor:
+    """An int64 tensor of ``values`` (env indices): built through numpy, at a third of
+    ``torch.tensor``'s cost for the few indices of a streamed receive."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 def unbind0(td: TensorDictBase) -> list[TensorDictBase]:

@@ -16,7 +16,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
-from aenv.pool._stacking import stack_results, unbind0
+from aenv.pool._stacking import index_tensor, stack_results, unbind0
 from aenv.pool._stream_rows import StreamRows
 from aenv.pool._sub_checks import check_sub_inputs
 
@@ -110,7 +110,10 @@ class StreamMixin(_Dispatcher):
             raw = td.get("env_index")
             single = td.batch_size == sub_bs
             if isinstance(raw, torch.Tensor):
-                flat = raw.reshape(-1) if single else raw.reshape(raw.shape[0], -1)[:, 0]
+                if single:
+                    flat = raw.reshape(-1)
+                else:
+                    flat = raw if raw.ndim == 1 else raw.reshape(raw.shape[0], -1)[:, 0]
                 idx = [_as_index(flat[0].item())] if single else _as_indices(flat)
             else:
                 idx = [_as_index(raw)] if single else _as_indices(raw)
@@ -315,7 +318,8 @@ class StreamMixin(_Dispatcher):
         return nxt_input
 
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
-        idx = torch.tensor([it[0] for it in items], dtype=torch.int64)
+        flat = index_tensor([it[0] for it in items])
+        idx = flat
         if self._sub_batch:
             idx = idx.reshape(-1, *([1] * len(self._sub_batch))).expand(-1, *self._sub_batch)
         if op == "reset":
@@ -325,17 +329,13 @@ class StreamMixin(_Dispatcher):
         rows: StreamRows | None = self.__dict__.get("_stream_rows")
         if op == "step" and not self._lazy:
             sents = [t.payload for _, _, t in items]
-            if rows is not None and all(rows.intact(i, t.payload) for i, _, t in items):
+            # (every row released, intact or not: a list, not all()'s early stop)
+            if rows is not None and all([rows.release(i, t.payload) for i, _, t in items]):
                 # the inputs straight from their rows: one index per entry
-                out = rows.gather([it[0] for it in items])
-                for i, _, t in items:
-                    rows.release(i, t.payload)
+                out = rows.gather(flat, len(items))
                 out.set("next", stack_results([it[1] for it in items], False))
                 out.set("env_index", idx)
                 return out
-            if rows is not None:
-                for i, _, t in items:
-                    rows.release(i, t.payload)
             if sents[0].get("next", None) is None:
                 # the inputs and their "next" stacked apart, then joined once: no
                 # per-result write into each input (thousands per call at a big pool)
@@ -378,7 +378,7 @@ def _as_indices(values: Any) -> list[int]:
             raise TypeError(
                 f"env_index must be an integer tensor (or ints); got a {values.dtype} tensor"
             )
-        return [int(v) for v in values.reshape(-1).tolist()]
+        return values.reshape(-1).tolist()  # type: ignore[no-any-return]  # (ints already)
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(
             f"env_index must be an int, a sequence of ints or an integer tensor; got "

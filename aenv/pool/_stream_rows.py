@@ -25,6 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._rowplan import INPUT_GROUPS, plan_rows
+from aenv.pool._stacking import index_tensor
 
 __all__ = ["StreamRows"]
 
@@ -88,24 +89,27 @@ class StreamRows:
         free = [pos for pos, i in enumerate(indices) if not pending[i]]
         if not free:
             return [None] * len(indices)
+        out: list[TensorDictBase | None] = [None] * len(indices)
         if single:
             i = indices[0]
-            for key, dst in bufs.items():
-                dst[i].copy_(entries[key])
-        else:
-            rows = torch.tensor([indices[pos] for pos in free], dtype=torch.int64)
-            src = None if len(free) == len(indices) else torch.tensor(free, dtype=torch.int64)
-            for key, dst in bufs.items():
-                value = entries[key]
-                dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
-        out: list[TensorDictBase | None] = [None] * len(indices)
+            out[0] = self._row(i)
+            # straight into the row's own views (its entries, in the buffers' order)
+            for view, key in zip(self._views[i], bufs):  # type: ignore[arg-type]
+                view.copy_(entries[key])
+            return out
+        rows = index_tensor([indices[pos] for pos in free])
+        src = None if len(free) == len(indices) else index_tensor(free)
+        for key, dst in bufs.items():
+            value = entries[key]
+            dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
         for pos in free:
             out[pos] = self._row(indices[pos])
         return out
 
     def _row(self, i: int) -> TensorDictBase:
         row = self._rows[i]
-        if row is not None and self.intact(i, row):
+        if row is not None:
+            # (intact: a row the env changed was dropped when its result came back)
             return row
         views = tuple(buf[i] for buf in self.bufs.values())
         row = TensorDict._new_unsafe(
@@ -129,17 +133,24 @@ class StreamRows:
         # place: one pass comparing identities, in C)
         return len(entries) == len(views) and all(map(is_, entries.values(), views))
 
-    def release(self, i: int, payload: Any) -> None:
-        """Env ``i``'s result for the input ``payload`` was received: its row is free."""
-        if payload is not None and payload is self._rows[i]:
-            self.pending[i] = 0
+    def release(self, i: int, payload: Any) -> bool:
+        """Env ``i``'s result for the input ``payload`` was received: its row is free.
+        Returns whether ``payload`` is the row, intact (:meth:`intact`); a row the env
+        changed is dropped, and the env's next send makes a fresh one."""
+        if payload is None or payload is not self._rows[i]:
+            return False
+        self.pending[i] = 0
+        if self.intact(i, payload):
+            return True
+        self._rows[i] = self._views[i] = None
+        return False
 
-    def gather(self, indices: Sequence[int]) -> TensorDictBase:
-        """The rows of ``indices`` stacked (a copy: one index per entry)."""
-        idx = torch.tensor(indices, dtype=torch.int64)
+    def gather(self, idx: torch.Tensor, n: int) -> TensorDictBase:
+        """The ``n`` rows of the index tensor ``idx`` stacked (a copy: one index per
+        entry)."""
         return TensorDict._new_unsafe(
             {k: buf.index_select(0, idx) for k, buf in self.bufs.items()},
-            batch_size=(len(indices), *self.sub_batch),
+            batch_size=(n, *self.sub_batch),
             device=self.device,
             nested=False,
         )

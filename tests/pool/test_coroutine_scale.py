@@ -169,6 +169,31 @@ async def test_an_env_that_writes_into_its_input_gets_a_fresh_one():
         await pool.aclose()
 
 
+@pytest.mark.parametrize("scribble", [False, True])
+async def test_single_env_sends_fill_its_row(scribble):
+    # one env's input (batch size the sub-env's) is copied straight into its row's views
+    pool = AsyncEnvPool([partial(RecordingEnv, scribble=scribble) for _ in range(2)])
+    try:
+        await pool.reset()
+        envs = pool._backend.envs
+        for base in (0.0, 5.0, 9.0):
+            sent = _actions(2, base)
+            for i in (1, 0):
+                pool.async_step_send(sent[i], env_index=i)
+            out = await pool.async_step_recv(min_get=2)
+            for k, i in enumerate(out["env_index"].tolist()):
+                assert torch.equal(envs[i].seen[-1][1], sent["action"][i])
+                # (an env that wrote into its input returns what it wrote, as a bare env)
+                want = sent["action"][i] * (100 if scribble else 1)
+                assert torch.equal(out["action"][k], want)
+                assert torch.equal(out["next", "observation"][k], sent["action"][i])
+        for env in envs:
+            # the same row every step, unless the env changed it (then a fresh one each time)
+            assert len({ident for ident, _ in env.seen}) == (3 if scribble else 1)
+    finally:
+        await pool.aclose()
+
+
 async def test_a_cancelled_step_frees_its_env_and_its_worker():
     pool = AsyncEnvPool([RecordingEnv for _ in range(2)])
     try:
