@@ -10,13 +10,14 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
-from aenv.pool._stacking import index_tensor, stack_results, unbind0
+from aenv.pool._stacking import stack_results, unbind0
 from aenv.pool._stream_rows import StreamRows
 from aenv.pool._sub_checks import check_sub_inputs
 
@@ -318,8 +319,8 @@ class StreamMixin(_Dispatcher):
         return nxt_input
 
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
-        flat = index_tensor([it[0] for it in items])
-        idx = flat
+        arr = np.array([it[0] for it in items], dtype=np.int64)
+        idx = torch.from_numpy(arr)
         if self._sub_batch:
             idx = idx.reshape(-1, *([1] * len(self._sub_batch))).expand(-1, *self._sub_batch)
         if op == "reset":
@@ -332,10 +333,8 @@ class StreamMixin(_Dispatcher):
             # (every row released, intact or not: a list, not all()'s early stop)
             if rows is not None and all([rows.release(i, t.payload) for i, _, t in items]):
                 # the inputs straight from their rows: one index per entry
-                out = rows.gather(flat, len(items))
-                out.set("next", stack_results([it[1] for it in items], False))
-                out.set("env_index", idx)
-                return out
+                nxt = stack_results([it[1] for it in items], False)
+                return rows.gather(arr, {"next": nxt, "env_index": idx})
             if sents[0].get("next", None) is None:
                 # the inputs and their "next" stacked apart, then joined once: no
                 # per-result write into each input (thousands per call at a big pool)

@@ -194,6 +194,28 @@ async def test_single_env_sends_fill_its_row(scribble):
         await pool.aclose()
 
 
+async def test_streamed_rows_of_a_dtype_numpy_lacks():
+    # bfloat16 inputs: the rows are gathered with torch's index (numpy has no bfloat16)
+    def make() -> RecordingEnv:
+        env = RecordingEnv()
+        env.action_spec = Unbounded((2,), dtype=torch.bfloat16)
+        return env
+
+    pool = AsyncEnvPool([make for _ in range(3)])
+    try:
+        await pool.reset()
+        sent = _actions(3, 1.5)
+        sent["action"] = sent["action"].to(torch.bfloat16)
+        pool.async_step_send(sent, env_index=[2, 0, 1])
+        assert pool._stream_rows is not None and pool._stream_rows._host is None
+        out = await pool.async_step_recv(min_get=3)
+        for k, i in enumerate(out["env_index"].tolist()):
+            assert out["action"].dtype == torch.bfloat16
+            assert torch.equal(out["action"][k], sent["action"][[2, 0, 1].index(i)])
+    finally:
+        await pool.aclose()
+
+
 async def test_a_cancelled_step_frees_its_env_and_its_worker():
     pool = AsyncEnvPool([RecordingEnv for _ in range(2)])
     try:
