@@ -50,6 +50,8 @@ class StreamRows:
         if plan is not None and all(type(v) is torch.Tensor for v in plan.values()):
             self.bufs = dict(plan.items())  # type: ignore[arg-type]
         self.keys = frozenset(self.bufs)
+        # what a sent entry must be to fill a row: its shape past the batch, dtype, device
+        self._expect = {k: (b.shape[1:], b.dtype, b.device) for k, b in self.bufs.items()}
         self.sub_batch = sub_batch
         self.device = plan.device if plan is not None else None
         # numpy views of host buffers: a receive gathers its rows with numpy's take, at
@@ -84,13 +86,13 @@ class StreamRows:
         if entries.keys() != bufs.keys() and entries.keys() - _POOL_KEYS != bufs.keys():
             return None
         lead = 0 if single else 1
-        for key, dst in bufs.items():
+        for key, (row_shape, dtype, device) in self._expect.items():
             value = entries[key]
             if (
                 type(value) is not torch.Tensor
-                or value.shape[lead:] != dst.shape[1:]
-                or value.dtype != dst.dtype
-                or value.device != dst.device
+                or value.shape[lead:] != row_shape
+                or value.dtype != dtype
+                or value.device != device
             ):
                 return None
         pending = self.pending
