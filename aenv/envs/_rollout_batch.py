@@ -116,6 +116,8 @@ class _BatchRows(_TimeRows):
             (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
             for key, leaf in (*after, *rewards.items())
         ]
+        #: id -> (a step's "next" TensorDict, its planned tensors, their numpy views)
+        self.next_views: dict[int, tuple[TensorDictBase, list[tuple[str, Any]], list[Any]]] = {}
 
     @staticmethod
     def make(  # type: ignore[override]
@@ -215,16 +217,16 @@ class _BatchRows(_TimeRows):
         """Step ``t``'s results into the rows: its ``"next"`` into row ``t + 1`` (rewards:
         row ``t``); where it reset something, that row kept aside and the next input
         written over it. False, with nothing written, when they do not fit."""
-        if not self._fits(nxt, self.next_plan):
+        leaves = self._next_leaves(nxt)
+        if leaves is None:
             return False
         resets = following is not None and (mask is not None or _any_done(self.env, nxt))
         if resets and not self._fits_reset(following, mask):
             return False
-        entries = nxt._tensordict  # type: ignore[attr-defined]
         row = t + 1
         # (numpy views: a row write costs half a tensor's)
-        for key, rows, _, _ in self.next_plan:
-            rows[t] = entries[key].numpy()
+        for (_, rows, _, _), leaf in zip(self.next_plan, leaves):
+            rows[t] = leaf
         if resets:
             assert following is not None
             self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
@@ -236,6 +238,31 @@ class _BatchRows(_TimeRows):
                     flags = mask.numpy()
                     rows[row][flags] = given[key].numpy()[flags]
         return True
+
+    def _next_leaves(self, nxt: TensorDictBase) -> list[Any] | None:
+        """A step's ``"next"`` leaves in :attr:`next_plan`'s order, as numpy views, or None
+        when they do not fit the rows. A pool's backend hands out the same rows every other
+        step (its banks' ``"next"``, see :class:`~aenv.pool._backend.Stacked`): their checks
+        and views are made once and kept while the TensorDict holds the same tensors."""
+        cached = self.next_views.get(id(nxt))
+        if cached is not None and cached[0] is nxt:
+            entries = nxt._tensordict  # type: ignore[attr-defined]
+            tensors = cached[1]
+            if len(entries) == len(tensors):
+                for key, tensor in tensors:
+                    if entries.get(key) is not tensor:
+                        break
+                else:
+                    return cached[2]  # type: ignore[no-any-return]
+        if not self._fits(nxt, self.next_plan):
+            return None
+        entries = nxt._tensordict  # type: ignore[attr-defined]
+        tensors = [(key, entries[key]) for key, _, _, _ in self.next_plan]
+        leaves = [tensor.numpy() for _, tensor in tensors]
+        if len(self.next_views) >= 4:  # (a pool's two banks; an env's new TensorDicts)
+            self.next_views.clear()
+        self.next_views[id(nxt)] = (nxt, tensors, leaves)
+        return leaves
 
     def _fits_reset(self, following: TensorDictBase | None, mask: torch.Tensor | None) -> bool:
         """Whether the next input after a reset fits the carried rows: the whole input
