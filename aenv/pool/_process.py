@@ -586,8 +586,11 @@ class ProcessBackend(ClosingMixin, Backend):
         rung = self._rung
         if rung is not None:
             # (before the answers are handled: they may ring the call chained to these)
-            seq = rung[0]
-            self._drained = all(w.bell is not None and w.bell.taken == seq for w in rung[1])
+            seq, drained = rung[0], True
+            for w in rung[1]:
+                if w.bell is None or w.bell.taken != seq:
+                    drained = False
+            self._drained = drained
         for w, (seq, outcomes) in answers:
             entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
             if entries:
