@@ -116,6 +116,9 @@ class _BatchRows(_TimeRows):
             (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
             for key, leaf in (*after, *rewards.items())
         ]
+        #: id -> (a TensorDict of results, the plan and check it was read with, its
+        #: planned tensors, their numpy views): see :meth:`_leaves`
+        self.leaf_views: dict[int, tuple[Any, Any, bool, list[tuple[str, Any]], list[Any]]] = {}
 
     @staticmethod
     def make(  # type: ignore[override]
@@ -149,13 +152,21 @@ class _BatchRows(_TimeRows):
     def _inputs(self, t: int) -> dict[str, torch.Tensor]:
         """Random step ``t``'s input: views of row ``t`` (made a block of rows at a time:
         indexing a tensor costs more than the rest of the step's bookkeeping)."""
+        return dict(zip(self.in_keys, self._in_row(t), strict=True))
+
+    def _actions(self, t: int) -> dict[str, torch.Tensor]:
+        """Step ``t``'s random actions alone (views of their rows, as :meth:`_inputs`)."""
+        n = len(self.carried)
+        return dict(zip(self.in_keys[n:], self._in_row(t)[n:], strict=True))
+
+    def _in_row(self, t: int) -> tuple[torch.Tensor, ...]:
         if not self.in_start <= t < self.in_end:
             end = t + self.BLOCK
             self.in_start, self.in_end = t, end
             columns = [self.shared[key][t:end].unbind(0) for key in self.carried]
             columns += [leaf[t:end].unbind(0) for leaf in self.action_rows.values()]
             self.in_rows = list(zip(*columns))  # (as long as the action rows go)
-        return dict(zip(self.in_keys, self.in_rows[t - self.in_start], strict=True))
+        return self.in_rows[t - self.in_start]
 
     async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
         env = self.env
@@ -167,7 +178,7 @@ class _BatchRows(_TimeRows):
             if self.stepper.overlaps and reset and t + 1 < self.drawn:
                 # the next step's random actions are drawn already: it may start as soon
                 # as this one is back
-                ahead = self._row(t + 1, lambda i: {k: v[i] for k, v in self.action_rows.items()})
+                ahead = self._row(t + 1, self._actions)
             stepped, nxt, following, mask = await self.stepper.step(
                 inputs, reset, ahead, t + 2 < self.steps
             )
@@ -215,37 +226,70 @@ class _BatchRows(_TimeRows):
         """Step ``t``'s results into the rows: its ``"next"`` into row ``t + 1`` (rewards:
         row ``t``); where it reset something, that row kept aside and the next input
         written over it. False, with nothing written, when they do not fit."""
-        if not self._fits(nxt, self.next_plan):
+        leaves = self._leaves(nxt, self.next_plan)
+        if leaves is None:
             return False
-        resets = following is not None and (mask is not None or _any_done(self.env, nxt))
-        if resets and not self._fits_reset(following, mask):
-            return False
-        entries = nxt._tensordict  # type: ignore[attr-defined]
+        given = None
+        if following is not None and (mask is not None or _any_done(self.env, nxt)):
+            if mask is None:
+                given = self._leaves(following, self.carried_plan)
+            elif mask.dtype == torch.bool:
+                given = self._leaves(following, self.carried_plan, exact=False)
+            if given is None:
+                return False
         row = t + 1
         # (numpy views: a row write costs half a tensor's)
-        for key, rows, _, _ in self.next_plan:
-            rows[t] = entries[key].numpy()
-        if resets:
-            assert following is not None
+        for (_, rows, _, _), leaf in zip(self.next_plan, leaves):
+            rows[t] = leaf
+        if given is not None:
             self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
-            given = following._tensordict  # type: ignore[attr-defined]
-            for key, rows in self.shared_np:
-                if mask is None:
-                    rows[row] = given[key].numpy()
+            flags = None if mask is None else mask.numpy()
+            for (_, rows, _, _), leaf in zip(self.carried_plan, given):
+                if flags is None:
+                    rows[row] = leaf
                 else:
-                    flags = mask.numpy()
-                    rows[row][flags] = given[key].numpy()[flags]
+                    rows[row][flags] = leaf[flags]
         return True
 
-    def _fits_reset(self, following: TensorDictBase | None, mask: torch.Tensor | None) -> bool:
-        """Whether the next input after a reset fits the carried rows: the whole input
-        (``mask`` None), or reset rows holding at least the carried keys (a pool's)."""
-        if mask is None:
-            return self._fits(following, self.carried_plan)
-        if type(following) is not TensorDict or mask.dtype != torch.bool:
+    def _leaves(
+        self,
+        td: TensorDictBase,
+        plan: list[tuple[str, Any, Any, Any]],
+        exact: bool = True,
+    ) -> list[Any] | None:
+        """``td``'s leaves of ``plan`` (in its order) as numpy views, or None where they do
+        not fit the rows (``exact``: :meth:`_fits`, else :meth:`_has_carried`). A pool's
+        backend hands out the same rows every other step (its banks' ``"next"`` and
+        ``"reset"``, see :class:`~aenv.pool._backend.Stacked`): their checks and views are
+        made once, and kept while the TensorDict holds the same tensors (and, ``exact``,
+        no other key)."""
+        cached = self.leaf_views.get(id(td))
+        if cached is not None and cached[0] is td and cached[1] is plan and cached[2] is exact:
+            entries = td._tensordict  # type: ignore[attr-defined]
+            tensors = cached[3]
+            if not exact or len(entries) == len(tensors):
+                for key, tensor in tensors:
+                    if entries.get(key) is not tensor:
+                        break
+                else:
+                    return cached[4]  # type: ignore[no-any-return]
+        if not (self._fits(td, plan) if exact else self._has_carried(td, plan)):
+            return None
+        entries = td._tensordict  # type: ignore[attr-defined]
+        tensors = [(key, entries[key]) for key, _, _, _ in plan]
+        leaves = [tensor.numpy() for _, tensor in tensors]
+        if len(self.leaf_views) >= 8:  # (a pool's two banks; an env's new TensorDicts)
+            self.leaf_views.clear()
+        self.leaf_views[id(td)] = (td, plan, exact, tensors, leaves)
+        return leaves
+
+    def _has_carried(self, td: TensorDictBase, plan: list[tuple[str, Any, Any, Any]]) -> bool:
+        """Whether reset rows ``td`` hold at least ``plan``'s keys (a pool's reset rows,
+        under a mask), each a tensor of its row's shape and dtype."""
+        if type(td) is not TensorDict:
             return False
-        entries = following._tensordict
-        for key, _, shape, dtype in self.carried_plan:
+        entries = td._tensordict
+        for key, _, shape, dtype in plan:
             value = entries.get(key)
             if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
                 return False

@@ -108,6 +108,8 @@ _DUMP = pickle.HIGHEST_PROTOCOL
 _DIRECT_OPS = frozenset(("reset", "seed", "getattr", "call"))
 _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
+#: what an env with no call in flight compares as (no sequence number matches it)
+_GONE = (None, None)
 
 
 class _Flags(dict[int, bytes]):
@@ -184,7 +186,11 @@ class _Batch(BatchCall):
 
     def store(self, pos: int, outcome: Any) -> None:
         self.outcomes[pos] = outcome
-        self.left -= 1
+        self.took(1)
+
+    def took(self, n: int) -> None:
+        """``n`` more outcomes are in (stored by the caller): the call ends with the last."""
+        self.left -= n
         if not self.left and not self.future.done():
             self.future.set_result(None)  # (its waiter resumes later in this loop turn)
             then, self.then = self.then, None
@@ -253,6 +259,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._rung: tuple[int, list[_Worker]] | None = None
         #: the pool's tally of the workers that finished a doorbell call (None: no doorbell)
         self._tally: Tally | None = None
+        #: every worker of the call rung last answered it on its page (no token left)
+        self._drained = False
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -568,14 +576,22 @@ class ProcessBackend(ClosingMixin, Backend):
     def _take_answers(self) -> None:
         """Take every answer the workers wrote into their pages since last taken; each is
         handled as the ``"b"`` frame it replaces (results in the rows)."""
+        answers = []
         for w in self._workers:
             bell = w.bell
-            if bell is None:
-                continue
-            done = bell.take_done()
-            if done is None:
-                continue
-            seq, outcomes = done
+            if bell is not None:
+                done = bell.take_done()
+                if done is not None:
+                    answers.append((w, done))
+        rung = self._rung
+        if rung is not None:
+            # (before the answers are handled: they may ring the call chained to these)
+            seq, drained = rung[0], True
+            for w in rung[1]:
+                if w.bell is None or w.bell.taken != seq:
+                    drained = False
+            self._drained = drained
+        for w, (seq, outcomes) in answers:
             entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
             if entries:
                 self._on_batch_reply(seq, entries)
@@ -621,11 +637,7 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def _on_batch_reply(self, seq: int, entries: list[tuple[int, int, Any]]) -> None:
         inflight = self._inflight
-        live = []
-        for entry in entries:
-            current = inflight[entry[0]]
-            if current is not None and current[0] == seq:
-                live.append(entry)
+        live = [entry for entry in entries if (inflight[entry[0]] or _GONE)[0] == seq]
         if not live:
             return
         op = inflight[live[0][0]][1]  # type: ignore[index]
@@ -635,11 +647,13 @@ class ProcessBackend(ClosingMixin, Backend):
             # a stacked batch (its envs at their own positions): the results are read
             # from the blocks once all are in
             batch = held[0]
+            outcomes = batch.outcomes
             for entry in live:
                 i = entry[0]
                 inflight[i] = None
                 batch_of[i] = None
-                batch.store(i, entry)
+                outcomes[i] = entry
+            batch.took(len(live))
             return
         for entry, outcome in zip(live, self._decode_batch(op, live)):
             inflight[entry[0]] = None
@@ -889,10 +903,8 @@ class ProcessBackend(ClosingMixin, Backend):
         for w in self._workers:
             if w.state == "broken":
                 return True
-        for lost in self._lost:
-            if lost is not None:
-                return True
-        return False
+        lost = self._lost
+        return lost.count(None) != len(lost)
 
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if not after.in_blocks() or self._closing or self._fences or self._refusing():
@@ -959,7 +971,9 @@ class ProcessBackend(ClosingMixin, Backend):
             rung = [share[1] for share in shares if share[4]]
             if rung:
                 assert self._tally is not None
-                self._tally.arm(len(rung))  # (before the first ring: the last one rings back)
+                # (before the first ring: the last one rings back)
+                self._tally.arm(len(rung), self._drained)
+                self._drained = False
             for part, w, envs, items, ring in shares:
                 for i in envs:
                     inflight[i] = current

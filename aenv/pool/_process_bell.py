@@ -27,7 +27,9 @@ as before (that worker still counts as finished in the tally).
 The tally (:class:`Tally`, one per pool): a done counter the parent's loop watches and a
 counter of tokens (an ``eventfd`` in semaphore mode, whose reads take one token or fail,
 atomically across processes). Ringing a call on ``k`` workers, the parent first takes any
-token left (a call given up, a worker that died), then puts ``k - 1`` tokens in. A worker
+token left (a call given up, a worker that died; not needed, and skipped, when every worker
+of the call before answered it on its page: each of them took a token or rang), then puts
+``k - 1`` tokens in. A worker
 that finished its share takes a token; the one that finds none is the last, and adds 1 to
 the done counter. Woken, the parent reads every worker's page for answers it has not
 taken. What can go wrong only adds wake-ups: a worker still finishing a call given up may
@@ -123,12 +125,17 @@ class Tally:
             self.detach()
         self._finalizer()
 
-    def arm(self, workers: int) -> None:
-        """A call is about to be rung on ``workers`` workers: the last to finish rings."""
+    def arm(self, workers: int, drained: bool = False) -> None:
+        """A call is about to be rung on ``workers`` workers: the last to finish rings.
+        ``drained``: every worker rung for the call before answered it on its page, so
+        each took its token or rang (none is left to take back)."""
         fd = self.tokens_fd
-        with contextlib.suppress(BlockingIOError):
-            while True:  # (tokens left by a call given up or a worker that died)
-                os.eventfd_read(fd)
+        if not drained:
+            try:
+                while True:  # (tokens left by a call given up or a worker that died)
+                    os.eventfd_read(fd)
+            except BlockingIOError:
+                pass
         if workers > 1:
             os.eventfd_write(fd, workers - 1)
 
@@ -139,8 +146,10 @@ class Tally:
 
     def take(self) -> None:
         """Reset the done counter (the parent was woken: it reads the pages next)."""
-        with contextlib.suppress(BlockingIOError):
+        try:
             os.eventfd_read(self.done_fd)
+        except BlockingIOError:
+            pass
 
 
 class Bell:
@@ -237,8 +246,10 @@ class Bell:
     def take_go(self) -> tuple[int, str, int, bytes] | None:
         """The call rung and not taken yet: sequence number, op, bank, one byte of flags
         per env (see :meth:`ring`); None when there is none (taken already)."""
-        with contextlib.suppress(BlockingIOError):
+        try:
             os.eventfd_read(self.go_fd)
+        except BlockingIOError:
+            pass
         seq = _SEQ.unpack_from(self.page, _GO)[0]
         if seq <= self.taken:
             return None

@@ -11,7 +11,7 @@ from typing import Any
 import cloudpickle
 import pytest
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from aenv import GymEnv, PoolError
 from aenv.envs import _rollout
@@ -264,3 +264,42 @@ async def test_pool_rows_follow_a_given_tensordict_and_set_truncated(monkeypatch
     last = outs[0]["next"][..., -1]
     assert last["truncated"].all() and last["done"].all()
     assert not outs[0]["next", "truncated"][:, :-1].any()
+
+
+async def test_rows_reread_a_results_tensordict_whose_tensors_changed(monkeypatch):
+    # the rows keep the checks and numpy views of a TensorDict handed out again (a pool's
+    # bank rows); a changed tensor or an added key is checked again, not read stale
+    kept: list[Any] = []
+    make = _rollout._BatchRows.make
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        rows = make(*args, **kwargs)
+        kept.append(rows)
+        return rows
+
+    monkeypatch.setattr(_rollout._BatchRows, "make", staticmethod(spy))
+    env = CountingEnv(max_steps=torch.tensor([2, 3, 5]), batch_size=(3,))
+    try:
+        await env.rollout(4, break_when_any_done=False)
+    finally:
+        await env.aclose()
+    rows = kept[0]
+    nxt = TensorDict(
+        {key: torch.zeros(shape, dtype=dtype) for key, _, shape, dtype in rows.next_plan},
+        batch_size=(3,),
+    )
+    first = rows._leaves(nxt, rows.next_plan)
+    assert first is not None and rows._leaves(nxt, rows.next_plan) is first  # kept
+    key, _, shape, dtype = rows.next_plan[0]
+    replaced = torch.ones(shape, dtype=dtype)
+    nxt.set(key, replaced)
+    again = rows._leaves(nxt, rows.next_plan)
+    assert again is not None and again is not first
+    assert again[0].ctypes.data == replaced.data_ptr()  # the new tensor's memory
+    nxt.set(key, torch.ones(shape, dtype=torch.float64))
+    assert rows._leaves(nxt, rows.next_plan) is None  # no longer fits
+    nxt.set(key, replaced)
+    assert rows._leaves(nxt, rows.next_plan) is not None
+    nxt.set("extra", torch.ones(3))
+    assert rows._leaves(nxt, rows.next_plan) is None  # a key no row holds
+    assert rows._leaves(nxt, rows.carried_plan, exact=False) is not None  # (reset rows)

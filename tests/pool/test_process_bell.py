@@ -140,6 +140,36 @@ def test_only_the_last_worker_of_a_call_rings():
         tally.close()
 
 
+def test_a_call_all_its_workers_answered_leaves_no_token():
+    # what lets the parent skip taking tokens back when it rings the next call
+    tally = Tally()
+    parents = [Bell(1, tally=tally) for _ in range(2)]
+    workers = [Bell(1, [os.dup(fd) for fd in p.fds]) for p in parents]
+    try:
+        for seq in (1, 2, 3):
+            tally.arm(2, drained=seq > 1)
+            workers[seq % 2].answer(seq, b"\x01")
+            assert not rang(tally)  # one still works
+            workers[1 - seq % 2].answer(seq, b"\x02")
+            assert rang(tally)
+            tally.take()
+            assert [p.take_done()[0] for p in parents] == [seq, seq]  # type: ignore[index]
+            with pytest.raises(BlockingIOError):
+                os.eventfd_read(tally.tokens_fd)  # no token left
+        # a call given up with one answer in leaves a token: not drained, it is taken back
+        tally.arm(2)
+        workers[0].answer(4, b"\x01")
+        tally.arm(2, drained=False)
+        workers[0].answer(5, b"\x01")
+        assert not rang(tally)
+        workers[1].answer(5, b"\x01")
+        assert rang(tally)
+    finally:
+        for bell in (*workers, *parents):
+            bell.close()
+        tally.close()
+
+
 async def test_stacked_steps_ring_and_others_use_the_socket(monkeypatch):
     async with counting_pool() as pool:
         rings = Rings(pool, monkeypatch)
