@@ -1,6 +1,7 @@
 """The Ray backend: sub-envs live in Ray actors, several per actor, on any Ray cluster.
 
-Each actor (:class:`~aenv.pool._ray_actor.EnvActor`, an async actor) builds its envs from
+Each actor (an async actor of :class:`~aenv.pool._ray_actor.RayActor`, which holds an
+:class:`~aenv.pool._ray_actor.EnvActor`) builds its envs from
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
 
@@ -56,7 +57,7 @@ from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
-from aenv.pool._ray_actor import EnvActor, Item
+from aenv.pool._ray_actor import Item, RayActor
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
 from aenv.pool._ray_codec import pack, unpack
 from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
@@ -184,7 +185,7 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         self._connected = connect(self.address, self.init_options)
         try:
             ray = self._ray
-            self._actor_cls = ray.remote(EnvActor)
+            self._actor_cls = ray.remote(RayActor)
             if self.forward_sys_path:
                 self._sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
             if self.envs_per_actor is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import sys
@@ -48,7 +49,7 @@ from aenv.pool._ops import execute, execute_inline, runs_inline
 from aenv.pool._ray_codec import pack, unpack
 from aenv.pool._ray_wire import ActorWire
 
-__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "pack", "renice", "unpack"]
+__all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "RayActor", "pack", "renice", "unpack"]
 
 #: What :meth:`EnvActor.exchange` answers for an operation it did not run (given up, or
 #: older than one already seen for its env); the driver has forgotten such operations.
@@ -260,14 +261,15 @@ class EnvActor(ActorWire):
                 self.finished.append((i, seq, pack(result)))
                 return False
             defer = True
-        coro = self._run(i, seq, env, op, payload, defer)
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(self._run(i, seq, env, op, payload, defer))
         self.tasks[i] = task
         self.running.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(functools.partial(self._done, i))
         return False
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, i: int, task: asyncio.Task[Any]) -> None:
+        if self.tasks.get(i) is task:
+            del self.tasks[i]
         self.running.discard(task)
         self._wake()  # a result, or one operation fewer that a waiting call may wait for
 
@@ -280,9 +282,6 @@ class EnvActor(ActorWire):
             result = await execute(env, op, payload)
         except Exception as exc:
             result = portable(exc)
-        finally:
-            if self.tasks.get(i) is asyncio.current_task():
-                del self.tasks[i]
         if seq >= self.latest.get(i, 0):  # (not given up meanwhile)
             self.finished.append((i, seq, pack(result)))
 
@@ -441,3 +440,40 @@ class EnvActor(ActorWire):
                 failures.append(portable(exc))
         self.envs.clear()
         return failures
+
+
+class RayActor:
+    """The class Ray makes the actors of: an :class:`EnvActor` behind its remote methods.
+
+    Ray wraps every method of an actor's class, the inherited ones too, in a tracing shim
+    (a Python call more per call, a coroutine more around each coroutine): on
+    :class:`EnvActor` itself that was every call the actor makes among its own methods on
+    a streamed step, and every step's task. Held here, the EnvActor is a plain object and
+    only the calls from the driver pass through Ray's shims."""
+
+    def __init__(self, *args: Any) -> None:
+        self.actor = EnvActor(*args)
+
+    async def ready(self) -> Any:
+        return await self.actor.ready()
+
+    async def watch(self) -> None:
+        await self.actor.watch()
+
+    async def exchange(self, items: list[Item]) -> list[tuple[int, int, Any]]:
+        return await self.actor.exchange(items)
+
+    async def stacked(self, *args: Any) -> Any:
+        return await self.actor.stacked(*args)
+
+    async def attr(self, i: int, name: str) -> Any:
+        return await self.actor.attr(i, name)
+
+    async def cancel(self, i: int, seq: int) -> None:
+        await self.actor.cancel(i, seq)
+
+    async def replace(self, i: int, seq: int) -> Failure | None:
+        return await self.actor.replace(i, seq)
+
+    async def close(self) -> list[Failure]:
+        return await self.actor.close()
