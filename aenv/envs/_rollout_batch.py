@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -116,6 +117,9 @@ class _BatchRows(_TimeRows):
             (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
             for key, leaf in (*after, *rewards.items())
         ]
+        # numpy views of the tensors a step's results come in, by identity: a backend's
+        # rows are the same tensors every step (``Tensor.numpy`` costs as much as the copy)
+        self.np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
 
     @staticmethod
     def make(  # type: ignore[override]
@@ -223,19 +227,31 @@ class _BatchRows(_TimeRows):
         entries = nxt._tensordict  # type: ignore[attr-defined]
         row = t + 1
         # (numpy views: a row write costs half a tensor's)
+        view = self._view
         for key, rows, _, _ in self.next_plan:
-            rows[t] = entries[key].numpy()
+            rows[t] = view(entries[key])
         if resets:
             assert following is not None
             self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
             given = following._tensordict  # type: ignore[attr-defined]
+            flags = None if mask is None else mask.numpy()
             for key, rows in self.shared_np:
-                if mask is None:
-                    rows[row] = given[key].numpy()
+                if flags is None:
+                    rows[row] = view(given[key])
                 else:
-                    flags = mask.numpy()
-                    rows[row][flags] = given[key].numpy()[flags]
+                    rows[row][flags] = view(given[key])[flags]
         return True
+
+    def _view(self, value: torch.Tensor) -> np.ndarray:
+        """``value.numpy()``, kept for the tensor (see ``np_views``)."""
+        hit = self.np_views.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        array = value.numpy()
+        if len(self.np_views) > 64:  # (fresh tensors every step: keep none of them long)
+            self.np_views.clear()
+        self.np_views[id(value)] = (value, array)
+        return array
 
     def _fits_reset(self, following: TensorDictBase | None, mask: torch.Tensor | None) -> bool:
         """Whether the next input after a reset fits the carried rows: the whole input

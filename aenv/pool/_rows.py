@@ -182,7 +182,11 @@ class Rows:
         if staged:
             # what lean_inline checks per env and step, less the mask no input row holds
             # (the class-level part is runs_inline's, settled above)
-            return not any(env.run_type_checks or env.is_closed for env in envs)
+            # (a plain loop over the attributes: this runs on every whole-batch step)
+            for env in envs:
+                if env.run_type_checks or env._closed:
+                    return False
+            return True
         stepping = envs if indices is None else [envs[i] for i in indices]
         return all(lean_inline(env, op, td) for env, td in zip(stepping, inputs, strict=True))
 
