@@ -473,10 +473,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         rebuild the same flags. ``owned`` False: ``nxt`` is a backend's rows (see
         :class:`~aenv.pool._backend.Stacked`), copied before anything is completed in it."""
         if not self.run_type_checks and type(nxt) is TensorDict:
-            entries = nxt._tensordict
-            if all(k in entries for k in self.done_keys) and all(
-                k in entries for k in self.reward_keys
-            ):
+            has = nxt._tensordict.__contains__  # (map, not a generator: every step)
+            if all(map(has, self.done_keys)) and all(map(has, self.reward_keys)):
                 return nxt
         return self._step_proc_data(nxt if owned else fast_clone(nxt), td)
 

@@ -151,11 +151,13 @@ class Rows:
         """Rebuild the input rows an env wrote entries into (its input is its own to
         change, as a bare env's is; the next step's row must hold the planned entries)."""
         size = len(self.inputs)
-        if any(len(row._tensordict) != size for row in self.input_rows):  # type: ignore[attr-defined]
-            assert self.next is not None
-            batch = self.next.batch_size
-            stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
-            self.input_rows = stacked.unbind(0)
+        for row in self.input_rows:  # (a plain loop: this runs on every whole-batch step)
+            if len(row._tensordict) != size:  # type: ignore[attr-defined]
+                assert self.next is not None
+                batch = self.next.batch_size
+                stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
+                self.input_rows = stacked.unbind(0)
+                return
 
     def takes(
         self,
