@@ -151,11 +151,13 @@ class Rows:
         """Rebuild the input rows an env wrote entries into (its input is its own to
         change, as a bare env's is; the next step's row must hold the planned entries)."""
         size = len(self.inputs)
-        if any(len(row._tensordict) != size for row in self.input_rows):  # type: ignore[attr-defined]
-            assert self.next is not None
-            batch = self.next.batch_size
-            stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
-            self.input_rows = stacked.unbind(0)
+        for row in self.input_rows:  # (a plain loop: this runs on every whole-batch step)
+            if len(row._tensordict) != size:  # type: ignore[attr-defined]
+                assert self.next is not None
+                batch = self.next.batch_size
+                stacked = TensorDict._new_unsafe(dict(self.inputs), batch_size=batch, nested=False)
+                self.input_rows = stacked.unbind(0)
+                return
 
     def takes(
         self,
@@ -182,7 +184,11 @@ class Rows:
         if staged:
             # what lean_inline checks per env and step, less the mask no input row holds
             # (the class-level part is runs_inline's, settled above)
-            return not any(env.run_type_checks or env.is_closed for env in envs)
+            # (a plain loop over the attributes: this runs on every whole-batch step)
+            for env in envs:
+                if env.run_type_checks or env._closed:
+                    return False
+            return True
         stepping = envs if indices is None else [envs[i] for i in indices]
         return all(lean_inline(env, op, td) for env, td in zip(stepping, inputs, strict=True))
 
