@@ -159,6 +159,7 @@ class StreamRows:
         """The rows of ``idx`` (an int64 array) stacked (a copy: one index per entry),
         with the ``extra`` entries (already of the stack's batch size) beside them."""
         host = self._host
+        entries: dict[Any, Any]
         if host is not None:
             entries = {k: torch.from_numpy(a.take(idx, 0)) for k, a in host.items()}
         else:
