@@ -135,6 +135,7 @@ def _single(steps: int, rounds: int) -> list[dict[str, Any]]:
 def _sb3(timesteps: int, rounds: int) -> list[dict[str, Any]]:
     try:
         from stable_baselines3 import PPO
+        from stable_baselines3.common.logger import Logger
     except ImportError:
         return []  # (pip install 'aenv[sb3]')
     import gymnasium as gym
@@ -153,6 +154,8 @@ def _sb3(timesteps: int, rounds: int) -> list[dict[str, Any]]:
             model = PPO(
                 "MlpPolicy", env, n_steps=n_steps, batch_size=64, n_epochs=4, seed=0, device="cpu"
             )
+            # a logger with no output: SB3's default one makes a folder in /tmp per model
+            model.set_logger(Logger(folder=None, output_formats=[]))
             model.learn(total_timesteps=timesteps)
             env.close()
 

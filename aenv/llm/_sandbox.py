@@ -41,7 +41,7 @@ import anyio
 
 from aenv.exceptions import SandboxError
 from aenv.llm._limiter import Limiter
-from aenv.pool._process_support import OWNER_VAR
+from aenv.pool._process_support import OWNER_VAR, SCRATCH_PREFIX
 
 __all__ = ["SandboxLimits", "SandboxResult", "SubprocessSandbox", "live_sandboxes"]
 
@@ -355,7 +355,8 @@ class SubprocessSandbox:
         return env
 
     def _scratch(self, files: Mapping[str, str] | None) -> str:
-        workdir = tempfile.mkdtemp(prefix="aenv-sandbox-")
+        # (named by this process: a worker that dies leaves it to kill_owned to remove)
+        workdir = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         for name, text in (files or {}).items():
             path = os.path.join(workdir, name)
             if os.path.dirname(os.path.abspath(path)) != workdir:

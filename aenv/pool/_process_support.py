@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import glob
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from aenv.pool._process_bell import Bell
 
 __all__ = [
     "OWNER_VAR",
+    "SCRATCH_PREFIX",
     "ClosingMixin",
     "Worker",
     "close_inherited",
@@ -42,12 +46,18 @@ _PARENT_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()
 #: started the run, so that what a killed worker left running can be found.
 OWNER_VAR = "AENV_OWNER_PID"
 
+#: How aenv's code sandbox names a run's scratch folder (in the temp dir), followed by the
+#: pid of the process that made it and a dash: what a killed worker left on disk is found
+#: by that name.
+SCRATCH_PREFIX = "aenv-sandbox-"
+
 
 def kill_owned(pid: int, rounds: int = 10) -> int:
     """SIGKILL every process whose environment says process ``pid`` (a worker that died)
     started it: a sandbox run's first process dies with the worker (its death signal), the
     processes it started would not. Repeated until none is found (a fork storm races the
-    sweep). Linux only (``/proc``); returns how many were killed."""
+    sweep). Then remove the scratch folders ``pid``'s runs left. Linux only (``/proc``);
+    returns how many processes were killed."""
     if not os.path.isdir("/proc"):
         return 0
     needle = f"{OWNER_VAR}={pid}".encode()
@@ -73,6 +83,9 @@ def kill_owned(pid: int, rounds: int = 10) -> int:
             with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
         killed += len(found)
+    # the scratch folders of the worker's runs: its own clean-up died with it
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{SCRATCH_PREFIX}{pid}-*")):
+        shutil.rmtree(path, ignore_errors=True)
     return killed
 
 

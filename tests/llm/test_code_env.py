@@ -4,9 +4,11 @@ worker crash, on the coroutine, thread and process backends; Limiter caps sandbo
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import signal
 import sys
+import tempfile
 from functools import partial
 
 import anyio
@@ -196,10 +198,14 @@ async def test_worker_crash_takes_its_sandboxes_along(pid_dir):
         td["response"] = responses(program(SPIN, pid_dir), program(SPIN, pid_dir))
         pool.async_step_send(td, env_index=[0, 1])
         await wait_for_pids(pid_dir, 2)
-        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        dead = pool.worker_pids[0]
+        scratch = os.path.join(tempfile.gettempdir(), f"aenv-sandbox-{dead}-*")
+        assert glob.glob(scratch)  # (the runs' folders, named by their worker)
+        os.kill(dead, signal.SIGKILL)
         with pytest.raises(WorkerCrashedError):
             await pool.async_step_recv(min_get=2)
         await wait_dead(recorded(pid_dir))  # through the death signal set in the sandbox
+        assert glob.glob(scratch) == []  # (removed by the pool: the worker could not)
 
 
 @pytest.mark.timeout(180)
