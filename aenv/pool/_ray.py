@@ -5,9 +5,10 @@ Each actor (an async actor of :class:`~aenv.pool._ray_actor.RayActor`, which hol
 their pickled factories and runs the pool's operations on them with the same
 :func:`~aenv.pool._ops.execute` as every other backend, concurrently on its event loop.
 
-The steps travel on a TCP socket from the driver to each actor (``transport="socket"``,
-the default; :mod:`aenv.pool._ray_wire`): a Ray actor call costs ~10x a framed message
-on a socket here, so Ray places, starts, watches and kills the actors and carries no step.
+The steps travel on a socket from the driver to each actor (``transport="socket"``, the
+default; :mod:`aenv.pool._ray_wire`: a Unix socket to an actor on the driver's host, TCP to
+others): a Ray actor call costs ~10x a framed message on a socket here, so Ray places,
+starts, watches and kills the actors and carries no step.
 ``transport="ray"`` sends the same messages as Ray actor calls instead, for a driver that
 cannot reach the actors' nodes.
 
@@ -15,7 +16,9 @@ Whole-batch steps (``step``, ``step_and_maybe_reset`` and the rollout over the p
 ones too) take the contract's stacked path (:mod:`aenv.pool._ray_stacked`): one message per
 actor carrying the stacked input (packed once for all actors), the actor's envs stepping
 into its own preallocated rows (:class:`~aenv.pool._rows.Rows`, through the coroutine
-backend, as an in-process pool steps them), the stacked rows back as numpy arrays.
+backend, as an in-process pool steps them), the stacked rows back as numpy arrays' bytes,
+copied into the driver's own preallocated rows (one set per bank, handed out as a process
+pool hands out its shared rows: the consumer copies what it keeps).
 
 Everything else (streaming, per-env calls, resets, the envs of a whole batch that are not
 free for the stacked path) goes per operation: the operations submitted in one turn of the
@@ -59,7 +62,7 @@ from aenv.exceptions import WorkerCrashedError
 from aenv.pool._backend import Backend, Failure
 from aenv.pool._ray_actor import Item, RayActor
 from aenv.pool._ray_cluster import connect, import_ray, kill_actors, release
-from aenv.pool._ray_codec import pack, unpack
+from aenv.pool._ray_codec import FlatRows, pack, unpack
 from aenv.pool._ray_faults import RayFaults, _first_line, _Group, _ignore
 from aenv.pool._ray_stacked import RayStacked
 from aenv.pool._ray_wire import DriverWire
@@ -101,9 +104,9 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         nice: the actors' nice value (default: this process's; None keeps Ray's, 15,
             at which a busy machine's other processes take nearly all the CPU from them);
             lowering it needs privileges, else Ray's stays.
-        transport: how the steps travel: ``"socket"`` (default), a TCP connection from
-            this process to each actor (:mod:`aenv.pool._ray_wire`; the driver must
-            reach the actors' nodes); ``"ray"``, Ray actor calls (~10x the per-call cost,
+        transport: how the steps travel: ``"socket"`` (default), a connection from this
+            process to each actor (:mod:`aenv.pool._ray_wire`: Unix on the driver's host,
+            else TCP; the driver must reach the actors' nodes); ``"ray"``, Ray actor calls (~10x the per-call cost,
             for a driver outside the cluster's network, e.g. a ``ray://`` client).
     """
 
@@ -165,6 +168,8 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         self._held: dict[int, tuple[str, Any]] = {}
         self._replacing: dict[int, tuple[int, asyncio.TimerHandle | None]] = {}
         self._kill_reasons: dict[tuple[int, int], str] = {}
+        # whole-batch answers' rows, by (bank, 1 next | 2 reset): see RayStacked._land
+        self._landing: dict[tuple[int, int], FlatRows] = {}
         self._seq = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False

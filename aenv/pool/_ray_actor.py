@@ -43,11 +43,11 @@ from typing import Any
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
-from aenv.pool._backend import Failure, Stacked
+from aenv.pool._backend import Done, Failure, Stacked
 from aenv.pool._coroutine import CoroutineBackend, _build, _quiet_close
 from aenv.pool._ops import execute, execute_inline, runs_inline
 from aenv.pool._ray_codec import pack, unpack
-from aenv.pool._ray_wire import ActorWire
+from aenv.pool._ray_wire import ActorWire, Address
 
 __all__ = ["STALE", "TIMED_OUT", "EnvActor", "Item", "RayActor", "pack", "renice", "unpack"]
 
@@ -158,13 +158,14 @@ class EnvActor(ActorWire):
         # whole-batch steps (made on the first one)
         self.order = list(indices)
         self.rows_host: CoroutineBackend | None = None
+        self.row_views: dict[int, Any] = {}  # (what packing its rows reads: see pack)
         # the direct channel (see ActorWire): its token, socket and pending pushes
         self.token = token
         self.chan = None
         self._pushing = False
         self._stacking = set()
         self._accepting = None
-        self.address: tuple[str, int] | None = None
+        self.address: Address | None = None
         try:
             fns: list[Callable[[], EnvBase]] = cloudpickle.loads(blob)
         except Exception as exc:
@@ -183,7 +184,7 @@ class EnvActor(ActorWire):
 
     async def ready(
         self,
-    ) -> tuple[int, dict[int, EnvMetaData], dict[int, Failure], tuple[str, int] | None]:
+    ) -> tuple[int, dict[int, EnvMetaData], dict[int, Failure], Address | None]:
         """The actor's pid, the envs' metadata, the envs whose factory failed, and the
         address of its direct channel (None with ``transport="ray"``)."""
         if self.token is not None and self.address is None:
@@ -308,15 +309,29 @@ class EnvActor(ActorWire):
         stepped env: a result, a :class:`Failure`, or :data:`TIMED_OUT` for an env still
         working at ``step_timeout`` (given up and rebuilt). Packed (:func:`pack`) either way.
         """
+        out = self.stacked_inline(op, packed, local, step_timeout, whole)
+        return out if type(out) is tuple else await out
+
+    def stacked_inline(
+        self,
+        op: str,
+        packed: Any,
+        local: list[int] | None,
+        step_timeout: float | None,
+        whole: bool = False,
+    ) -> Any:
+        """:meth:`stacked` as far as it goes without awaiting: its packed answer (a tuple)
+        when the envs stepped inline into the rows (or the inputs could not be read), else
+        the coroutine of the rest (the envs' operations as tasks) to await. The channel
+        answers the first at once, with no task made per step."""
         positions = range(len(self.order)) if local is None else local
         stepping = [self.order[p] for p in positions]
         for i in stepping:
             self._stop(i)  # (work the driver gave up on this env, still unwinding)
         try:
-            tensordict = unpack(packed)
-            if whole:  # the pool's whole batch, packed once for every actor: these rows
-                lo = self.order[0]
-                tensordict = tensordict[lo : lo + len(self.order)]
+            # with ``whole``: the pool's whole batch, packed once for every actor; these rows
+            rows = (self.order[0], len(self.order)) if whole else None
+            tensordict = unpack(packed, rows)
         except Exception as exc:
             return pack(("L", [portable(exc)] * len(stepping)))
         if not self.broken:
@@ -325,12 +340,18 @@ class EnvActor(ActorWire):
                 host = self.rows_host = CoroutineBackend(_nobody)
             host.envs = [self.envs[i] for i in self.order]
             call = host.launch(op, tensordict, None, local)
-            out = None if call is None else await call.wait()
+            # (the coroutine backend runs a whole batch inline or not at all)
+            out = call.result if isinstance(call, Done) else None
             if isinstance(out, Stacked):
                 flags = None if out.reset_mask is None else out.reset_mask.tolist()
-                return pack(("S", out.next, out.reset, flags))
+                return pack(("S", out.next, out.reset, flags), self.row_views)
             if out is not None:
                 return pack(("L", [_portable(o) for o in out]))
+        return self._step_each_packed(op, tensordict, positions, step_timeout)
+
+    async def _step_each_packed(
+        self, op: str, tensordict: Any, positions: Any, step_timeout: float | None
+    ) -> Any:
         return pack(("L", await self._step_each(op, tensordict, positions, step_timeout)))
 
     async def _step_each(

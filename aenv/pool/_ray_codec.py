@@ -13,7 +13,9 @@ cost both ways). Everything else takes :mod:`aenv.pool._codec`'s path, or goes a
 
 from __future__ import annotations
 
+import operator
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from tensordict import TensorDict
 
 from aenv.pool._codec import BIG_BYTES, decode, encode
 
-__all__ = ["cat_flat", "pack", "unpack"]
+__all__ = ["FlatRows", "pack", "unpack"]
 
 #: torch dtypes by a short code (and back): what numpy can view, without bfloat16 and the
 #: like (``Tensor.numpy`` refuses those, and they take the general path)
@@ -41,6 +43,8 @@ _DTYPES: tuple[torch.dtype, ...] = (
 )
 _CODE_OF = {dtype: code for code, dtype in enumerate(_DTYPES)}
 _NUMPY = tuple(torch.empty(0, dtype=dtype).numpy().dtype for dtype in _DTYPES)
+#: TensorDicts a ``views`` cache of :func:`_flat` keeps (an actor's rows: next and reset)
+_VIEWS_KEPT = 4
 
 
 class _Flat:
@@ -76,52 +80,99 @@ class _Flat:
         )
 
 
-def _flat(td: TensorDict) -> _Flat | None:
+def _flat(td: TensorDict, views: dict[int, Any] | None = None) -> _Flat | None:
     """``td`` as a :class:`_Flat`, or None where it is not one (a nested or non-tensor
-    entry, a tensor numpy cannot view, a big leaf)."""
-    device = td.device
-    if device is not None and device.type != "cpu":
-        return None
-    codes: list[int] = []
-    shapes: list[tuple[int, ...]] = []
-    arrays: list[Any] = []  # (numpy arrays: buffers bytes.join takes)
-    for value in td._tensordict.values():
-        if type(value) is not torch.Tensor:
+    entry, a tensor numpy cannot view, a big leaf).
+
+    ``views``: the caller's cache for TensorDicts it packs again and again (an actor's
+    rows): what was read of ``td`` (its leaves' numpy views, codes and shapes) is kept
+    there, by identity, and taken again while ``td`` holds the same tensors under the same
+    keys, so that only the bytes are read."""
+    leaves = td._tensordict
+    seen = None if views is None else views.get(id(td))
+    if (
+        seen is not None
+        and seen[0] is td
+        and len(seen[1]) == len(leaves)
+        and all(map(operator.is_, leaves.values(), seen[1]))
+        and seen[2] == tuple(leaves)
+    ):
+        _, _, keys, batch, device_name, codes_t, shapes_t, arrays = seen
+    else:
+        device = td.device
+        if device is not None and device.type != "cpu":
             return None
-        code = _CODE_OF.get(value.dtype)
-        if code is None:
-            return None
-        try:
-            # (refuses a tensor that requires grad, lives elsewhere, or has a lazy conj or
-            # neg bit: those take the general path)
-            array = value.numpy()
-        except (RuntimeError, TypeError):
-            return None
-        codes.append(code)
-        shapes.append(array.shape)
-        arrays.append(array)
+        codes: list[int] = []
+        shapes: list[tuple[int, ...]] = []
+        arrays = []  # (numpy arrays: buffers bytes.join takes)
+        for value in leaves.values():
+            if type(value) is not torch.Tensor:
+                return None
+            code = _CODE_OF.get(value.dtype)
+            if code is None:
+                return None
+            try:
+                # (refuses a tensor that requires grad, lives elsewhere, or has a lazy conj
+                # or neg bit: those take the general path)
+                array = value.numpy()
+            except (RuntimeError, TypeError):
+                return None
+            codes.append(code)
+            shapes.append(array.shape)
+            arrays.append(array)
+        keys, batch = tuple(leaves), tuple(td.batch_size)
+        device_name = None if device is None else "cpu"
+        codes_t, shapes_t = tuple(codes), tuple(shapes)
+        if views is not None:
+            if len(views) >= _VIEWS_KEPT:
+                del views[next(iter(views))]  # (the oldest)
+            views[id(td)] = (
+                td,
+                tuple(leaves.values()),
+                keys,
+                batch,
+                device_name,
+                codes_t,
+                shapes_t,
+                arrays,
+            )
     try:
         blob = b"".join(arrays)
     except TypeError:  # a strided view (not a contiguous buffer): one contiguous copy each
         blob = b"".join([np.ascontiguousarray(a) for a in arrays])  # type: ignore[misc]
     if len(blob) >= BIG_BYTES:
         return None  # (the general path sends big arrays apart, through Ray's store)
-    return _Flat(
-        tuple(td.batch_size),
-        None if device is None else "cpu",
-        tuple(td._tensordict),
-        tuple(codes),
-        tuple(shapes),
-        blob,
-    )
+    return _Flat(batch, device_name, keys, codes_t, shapes_t, blob)
 
 
-def _unflat(flat: _Flat) -> TensorDict:
-    buffer = bytearray(flat.blob)  # (writable memory the tensors own)
+def _unflat(flat: _Flat, rows: tuple[int, int] | None = None) -> TensorDict:
+    """The TensorDict ``flat`` holds, or with ``rows=(lo, n)`` its rows ``lo:lo+n`` along
+    the first dim (only their bytes copied out of the blob)."""
+    first, total = 0, 0
+    if rows is not None:
+        first, total = rows
+        whole = flat.batch_size[0]
+    span = None  # (start and stop in the blob of the rows wanted, per leaf)
+    if rows is not None:
+        span = []
+        offset = 0
+        for code, shape in zip(flat.codes, flat.shapes):
+            count = 1
+            for size in shape:
+                count *= size
+            width = _NUMPY[code].itemsize * (count // whole if whole else 0)
+            span.append((offset + first * width, offset + (first + total) * width))
+            offset += count * _NUMPY[code].itemsize
+        # (writable memory the tensors own: only the rows wanted)
+        buffer = bytearray(b"".join([memoryview(flat.blob)[a:b] for a, b in span]))
+    else:
+        buffer = bytearray(flat.blob)  # (writable memory the tensors own)
     source: dict[str, torch.Tensor] = {}
     offset = 0
     for key, code, shape in zip(flat.keys, flat.codes, flat.shapes):
         dtype = _NUMPY[code]
+        if rows is not None:
+            shape = (total, *shape[1:])
         # (numpy's view then torch.from_numpy: a third of torch.frombuffer's cost here;
         # a 1-D leaf, most of a step's, is the view as it comes: a reshape cost ~0.5 us)
         if len(shape) == 1:
@@ -135,9 +186,10 @@ def _unflat(flat: _Flat) -> TensorDict:
         source[key] = torch.from_numpy(array)
         offset += count * dtype.itemsize
     device = None if flat.device is None else torch.device(flat.device)
+    batch = flat.batch_size if rows is None else (total, *flat.batch_size[1:])
     # fresh tensors of the shapes they were packed with: nothing for the checking
     # constructor to check
-    return TensorDict._new_unsafe(source, flat.batch_size, device, nested=False)  # type: ignore[arg-type]
+    return TensorDict._new_unsafe(source, batch, device, nested=False)  # type: ignore[arg-type]
 
 
 _PLAIN = frozenset((type(None), bool, int, float, str))
@@ -149,47 +201,80 @@ def _plain(item: Any) -> bool:
     return kind in _PLAIN or (kind is list and all(type(x) is bool for x in item))
 
 
-def cat_flat(parts: list[Any]) -> TensorDict | None:
-    """The flat TensorDicts ``parts`` (:class:`_Flat` s, as :func:`pack` made them) joined
-    along their first dim, each leaf copied once from the parts' bytes into one new array
-    (no TensorDict per part, no ``torch.cat`` of TensorDicts); None where they are not
-    all flat TensorDicts of one structure with a first dim."""
-    first = parts[0]
-    if any(type(p) is not _Flat for p in parts) or not first.batch_size:
-        return None
-    keys, codes, device = first.keys, first.codes, first.device
-    rest = first.batch_size[1:]
-    if any(
-        p.keys != keys or p.codes != codes or p.device != device or p.batch_size[1:] != rest
-        for p in parts
-    ):
-        return None
-    offsets = [0] * len(parts)
-    source: dict[str, torch.Tensor] = {}
-    for k, (key, code) in enumerate(zip(keys, codes)):
-        dtype = _NUMPY[code]
-        pieces = []
-        for j, part in enumerate(parts):
-            shape = part.shapes[k]
-            count = 1
-            for size in shape:
-                count *= size
-            pieces.append(np.frombuffer(part.blob, dtype, count, offsets[j]).reshape(shape))
-            offsets[j] += count * dtype.itemsize
-        try:
-            source[key] = torch.from_numpy(np.concatenate(pieces))
-        except ValueError:  # (leaves whose trailing shapes differ: not one structure)
+class FlatRows:
+    """Preallocated stacked rows that flat parts (:class:`_Flat` s, as :func:`pack` made
+    them: the actors' answers to a whole-batch step) land in, one after the other along the
+    first dim, each leaf copied once from the part's bytes (no TensorDict, no array made per
+    part or step). The Ray driver keeps one per bank and kind of rows and hands :attr:`td`
+    out as the backend's own rows (``Stacked.owned`` False).
+
+    Build it with :meth:`plan`; :meth:`land` writes parts in (None where they do not fit).
+    """
+
+    __slots__ = ("codes", "device", "flat", "keys", "rest", "td", "trailing", "widths")
+
+    def __init__(self, first: _Flat, total: int) -> None:
+        self.keys, self.codes, self.device = first.keys, first.codes, first.device
+        self.rest = first.batch_size[1:]
+        self.trailing = tuple(shape[1:] for shape in first.shapes)
+        source: dict[str, torch.Tensor] = {}
+        flat: list[np.ndarray] = []
+        for key, code, trailing in zip(self.keys, self.codes, self.trailing):
+            array = np.zeros((total, *trailing), dtype=_NUMPY[code])
+            source[key] = torch.from_numpy(array)
+            flat.append(array.reshape(-1))
+        self.flat = flat
+        self.widths = tuple(array.size // total if total else 0 for array in flat)
+        device = None if self.device is None else torch.device(self.device)
+        self.td = TensorDict._new_unsafe(source, (total, *self.rest), device, nested=False)  # type: ignore[arg-type]
+
+    @classmethod
+    def plan(cls, parts: Sequence[Any], total: int) -> FlatRows | None:
+        """Rows for ``total`` envs shaped as the flat parts ``parts`` (None ones left
+        out), or None where some part is not a flat TensorDict with a first dim."""
+        first = next((p for p in parts if p is not None), None)
+        if type(first) is not _Flat or not first.batch_size:
             return None
-    batch = (sum(p.batch_size[0] for p in parts), *rest)
-    return TensorDict._new_unsafe(
-        source,  # type: ignore[arg-type]
-        batch,
-        None if device is None else torch.device(device),
-        nested=False,
-    )
+        return cls(first, total)
+
+    def land(self, parts: Sequence[Any], sizes: Sequence[int]) -> TensorDict | None:
+        """Copy ``parts`` in: part ``j`` fills the next ``sizes[j]`` rows (a None part
+        leaves its rows as they were). Returns :attr:`td`, or None, with nothing written,
+        when some part is not of these rows' structure."""
+        keys, codes, device, rest, trailing = (
+            self.keys,
+            self.codes,
+            self.device,
+            self.rest,
+            self.trailing,
+        )
+        for part, size in zip(parts, sizes):
+            if part is None:
+                continue
+            if (
+                type(part) is not _Flat
+                or part.keys != keys
+                or part.codes != codes
+                or part.device != device
+                or part.batch_size != (size, *rest)
+                or any(shape[1:] != t for shape, t in zip(part.shapes, trailing))
+            ):
+                return None
+        lo = 0
+        for part, size in zip(parts, sizes):
+            if part is not None:
+                blob, offset = part.blob, 0
+                for dst, width in zip(self.flat, self.widths):  # (width: elements per env)
+                    count = size * width
+                    dst[lo * width : lo * width + count] = np.frombuffer(
+                        blob, dst.dtype, count, offset
+                    )
+                    offset += count * dst.itemsize
+            lo += size
+        return self.td
 
 
-def pack(obj: Any) -> tuple[Any, ...]:
+def pack(obj: Any, views: dict[int, Any] | None = None) -> tuple[Any, ...]:
     """An operation's payload or result, ready for the wire or a Ray call.
 
     A flat TensorDict of CPU tensors, alone or in a tuple or list, as ``("f", obj)`` with
@@ -197,10 +282,12 @@ def pack(obj: Any) -> tuple[Any, ...]:
     as plain data (:mod:`aenv.pool._codec`) in one pickle, ``("p", bytes, big arrays)``,
     the arrays of :data:`~aenv.pool._codec.BIG_BYTES` or more apart (Ray serialises them
     out of band, through its shared-memory object store); anything else as it is
-    (``("o", obj)``: pickled with the frame or by Ray, with cloudpickle where it must)."""
+    (``("o", obj)``: pickled with the frame or by Ray, with cloudpickle where it must).
+
+    ``views``: a cache for TensorDicts packed again and again (see :func:`_flat`)."""
     kind = type(obj)
     if kind is TensorDict:
-        flat: Any = _flat(obj)
+        flat: Any = _flat(obj, views)
         if flat is not None:
             return "f", flat
     elif (kind is tuple or kind is list) and obj:
@@ -210,7 +297,7 @@ def pack(obj: Any) -> tuple[Any, ...]:
         items = []
         for item in obj:
             if type(item) is TensorDict:
-                item = _flat(item)
+                item = _flat(item, views)
                 if item is None:
                     break
             elif not _plain(item):
@@ -226,15 +313,24 @@ def pack(obj: Any) -> tuple[Any, ...]:
         return "o", obj
 
 
-def unpack(packed: tuple[Any, ...]) -> Any:
-    """The object :func:`pack` packed."""
+def unpack(packed: tuple[Any, ...], rows: tuple[int, int] | None = None) -> Any:
+    """The object :func:`pack` packed; with ``rows=(lo, n)``, of a packed TensorDict with
+    a first dim, only its rows ``lo:lo+n`` (as ``unpack(packed)[lo:lo+n]``, without the
+    whole TensorDict and its indexing)."""
     tag = packed[0]
     if tag == "f":
         obj = packed[1]
         if type(obj) is _Flat:
-            return _unflat(obj)
+            if rows is not None and not obj.batch_size:
+                raise ValueError("rows of a TensorDict without a batch dim")
+            return _unflat(obj, rows)
         items = [_unflat(item) if type(item) is _Flat else item for item in obj]
-        return items if type(obj) is list else tuple(items)
-    if tag == "p":
-        return decode(pickle.loads(packed[1]), packed[2])
-    return packed[1]
+        out = items if type(obj) is list else tuple(items)
+    elif tag == "p":
+        out = decode(pickle.loads(packed[1]), packed[2])
+    else:
+        out = packed[1]
+    if rows is not None:
+        lo, n = rows
+        return out[lo : lo + n]
+    return out

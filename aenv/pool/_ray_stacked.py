@@ -16,8 +16,8 @@ the call failed (the actor is then restarted as on the per-env path); an env sti
 at ``step_timeout`` is given up and rebuilt by its actor (a
 :class:`~aenv.exceptions.StepTimeoutError`), and an actor that has not answered
 ``replace_timeout`` seconds after that is killed and started again (its envs' steps time
-out). :class:`RayStacked` is a mixin of :class:`~aenv.pool._ray.RayBackend`, with no state
-of its own.
+out). :class:`RayStacked` is a mixin of :class:`~aenv.pool._ray.RayBackend`; its only state is
+the rows the answers land in (``_landing``, one set per bank).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from aenv.exceptions import StepTimeoutError, WorkerCrashedError
 from aenv.pool._backend import BatchCall, Failure, Stacked
 from aenv.pool._channel import ChannelClosed
 from aenv.pool._ray_actor import TIMED_OUT
-from aenv.pool._ray_codec import cat_flat, pack, unpack
+from aenv.pool._ray_codec import FlatRows, pack, unpack
 from aenv.pool._ray_faults import _first_line, _Group
 
 __all__ = ["RayStacked"]
@@ -58,6 +58,7 @@ class RayStacked:
     _seq: Any
     _token: bytes | None
     _wire_send: Callable[[_Group, Any], bool]
+    _landing: dict[tuple[int, int], FlatRows]
     _cancel_on: Callable[[_Group, int, int], None]
 
     def _stacks_now(self, indices: Sequence[int] | None) -> bool:
@@ -88,7 +89,7 @@ class RayStacked:
         loop = self._bind()
         inputs = inputs.exclude("next", "_step")
         wanted = None if indices is None else set(indices)
-        call = _RayCall(self, op, indices, step_timeout)
+        call = _RayCall(self, op, indices, step_timeout, bank)
         packed = pack(inputs)  # (once: each actor takes its rows of it)
         whole = len(self._groups) > 1
         for g in self._groups:
@@ -136,10 +137,11 @@ class RayStacked:
         calls: list[tuple[_Group, int, list[int], Any]],
         indices: Sequence[int] | None,
         step_timeout: float | None,
+        bank: int = 0,
     ) -> Stacked | list[Any]:
         """The actors' answers as one stacked result, or per-env outcomes (one per index)
         when some env failed or some actor answered per env."""
-        joined = _concat_flat(calls)
+        joined = self._land(calls, bank)
         if joined is not None:
             return joined
         parts: list[Any] = []
@@ -166,6 +168,54 @@ class RayStacked:
                 i = indices[pos] if indices is not None else pos
                 outcomes[pos] = _timeout(i, op, step_timeout)
         return outcomes
+
+    def _land(self, calls: list[tuple[_Group, int, list[int], Any]], bank: int) -> Stacked | None:
+        """The actors' stacked rows copied straight from their flat packed forms into this
+        backend's rows for ``bank`` (one copy per leaf and actor, see
+        :class:`~aenv.pool._ray_codec.FlatRows`; the rows are planned at the first such
+        answer and handed out as the backend's own, ``Stacked.owned`` False), when every
+        call answered so; else None (:func:`_concat` or per-env outcomes take them)."""
+        bodies = []
+        for _, _, _, call in calls:
+            if isinstance(call, Failure) or not call.done() or call.cancelled():
+                return None
+            if call.exception() is not None:
+                return None
+            packed = call.result()
+            body = packed[1]
+            if packed[0] != "f" or type(body) is not tuple or body[0] != "S":
+                return None
+            bodies.append(body)
+        sizes = [len(g.indices) for g, _, _, _ in calls]
+        nxt = self._land_rows(bank, 1, [b[1] for b in bodies], sizes)
+        if nxt is None:
+            return None
+        if all(b[3] is None for b in bodies):
+            return Stacked(nxt, owned=False)
+        reset = self._land_rows(bank, 2, [b[2] for b in bodies], sizes)
+        if reset is None:
+            return None
+        flags: list[bool] = []
+        for b, size in zip(bodies, sizes):
+            flags.extend(b[3] if b[3] is not None else [False] * size)
+        return Stacked(nxt, reset, torch.tensor(flags, dtype=torch.bool), owned=False)
+
+    def _land_rows(
+        self, bank: int, kind: int, parts: list[Any], sizes: list[int]
+    ) -> TensorDictBase | None:
+        """``parts`` written into the rows of ``bank`` and ``kind`` (1: next, 2: reset),
+        planned (again) where they have none yet or another structure."""
+        key = (bank, kind)
+        rows = self._landing.get(key)
+        got = None if rows is None else rows.land(parts, sizes)
+        if got is None:
+            rows = FlatRows.plan(parts, sum(sizes))
+            if rows is None:
+                return None
+            got = rows.land(parts, sizes)
+            if got is not None:
+                self._landing[key] = rows
+        return got
 
     def _unanswered(
         self, g: _Group, gen: int, op: str, stepping: list[int], step_timeout: float | None
@@ -203,9 +253,15 @@ class _RayCall(BatchCall):
     """A whole-batch step in flight on the actors (:meth:`RayStacked.launch`)."""
 
     def __init__(
-        self, backend: RayStacked, op: str, indices: Sequence[int] | None, timeout: float | None
+        self,
+        backend: RayStacked,
+        op: str,
+        indices: Sequence[int] | None,
+        timeout: float | None,
+        bank: int,
     ) -> None:
         self.backend, self.op, self.indices, self.timeout = backend, op, indices, timeout
+        self.bank = bank
         self.calls: list[tuple[_Group, int, list[int], Any]] = []
         self.refs: list[Any] = []  # (held until the answers are in: they own the results)
 
@@ -219,7 +275,7 @@ class _RayCall(BatchCall):
         except BaseException:
             self.abandon()
             raise
-        out = backend._join(self.op, self.calls, self.indices, timeout)
+        out = backend._join(self.op, self.calls, self.indices, timeout, self.bank)
         self.refs = []
         return out
 
@@ -244,33 +300,6 @@ def _timeout(i: int, op: str, step_timeout: float | None) -> Failure:
         env_index=i,
     )
     return Failure(err, "")
-
-
-def _concat_flat(calls: list[tuple[_Group, int, list[int], Any]]) -> Stacked | None:
-    """The actors' stacked rows joined straight from their flat packed forms (one copy per
-    leaf, see :func:`~aenv.pool._ray_codec.cat_flat`), when every call answered so (else
-    None: :func:`_concat` or per-env outcomes take them)."""
-    bodies = []
-    for _, _, _, call in calls:
-        if isinstance(call, Failure) or not call.done() or call.cancelled():
-            return None
-        if call.exception() is not None:
-            return None
-        packed = call.result()
-        body = packed[1]
-        if packed[0] != "f" or type(body) is not tuple or body[0] != "S":
-            return None
-        bodies.append(body)
-    nxt = cat_flat([b[1] for b in bodies])
-    if nxt is None:
-        return None
-    if all(b[3] is None for b in bodies):
-        return Stacked(nxt)
-    reset = cat_flat([b[2] for b in bodies])
-    if reset is None or any(b[3] is None for b in bodies):
-        return None  # (some actor reset none of its envs: _concat fills its rows)
-    flags = [flag for b in bodies for flag in b[3]]
-    return Stacked(nxt, reset, torch.tensor(flags, dtype=torch.bool))
 
 
 def _concat(parts: list[tuple[Any, ...]]) -> Stacked:

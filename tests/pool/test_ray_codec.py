@@ -10,7 +10,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
 from aenv.pool._codec import BIG_BYTES
-from aenv.pool._ray_codec import cat_flat, pack, unpack
+from aenv.pool._ray_codec import FlatRows, pack, unpack
 
 
 def sample(big_elems: int) -> TensorDict:
@@ -145,23 +145,57 @@ def test_what_the_flat_form_cannot_hold_takes_the_general_path():
     assert kind == "p" and len(arrays) == 1  # (beside the pickle: Ray's object store)
 
 
-def test_flat_parts_join_along_the_first_dim_from_their_bytes():
+def test_flat_parts_land_in_preallocated_rows_along_the_first_dim():
     a, b = flat_sample(), flat_sample()
     b["observation"] += 100
     parts = [unpack_frame(pack(("S", a, None, [True, False])))[1], unpack_frame(pack(b))]
-    got = cat_flat(parts)
+    rows = FlatRows.plan(parts, 4)
+    got = rows.land(parts, [2, 2])
     assert_same(got, torch.cat([a, b], 0))
-    got["count"].add_(1)  # (its own memory)
-    assert a["count"].tolist() == [7, -3]
-    # not one structure, or not flat: None (the caller joins them otherwise)
-    other = TensorDict({"observation": torch.zeros(1, 3, 2)}, batch_size=(1,))
-    assert cat_flat([parts[0], unpack_frame(pack(other))]) is None
-    wider = TensorDict({"x": torch.zeros(2, 3)}, batch_size=(2,))
-    narrow = TensorDict({"x": torch.zeros(2, 4)}, batch_size=(2,))
-    assert cat_flat([unpack_frame(pack(wider)), unpack_frame(pack(narrow))]) is None
+    # the same rows every time: the next parts overwrite them; a None part leaves its rows
+    c = flat_sample()
+    c["count"] = torch.tensor([40, 41])
+    again = rows.land([None, unpack_frame(pack(c))], [2, 2])
+    assert again is got
+    assert got["count"].tolist() == [7, -3, 40, 41]
+    assert torch.equal(got["observation"][:2], a["observation"])
+    # parts of another structure: None, and nothing written
+    before = got.clone()
+    other = TensorDict({"observation": torch.zeros(2, 3, 2)}, batch_size=(2,))
+    assert rows.land([parts[0], unpack_frame(pack(other))], [2, 2]) is None
+    wider = flat_sample()
+    wider["observation"] = torch.zeros(2, 3, 3)
+    assert rows.land([parts[0], unpack_frame(pack(wider))], [2, 2]) is None
+    assert rows.land(parts, [1, 3]) is None  # (a part of other rows than it says)
+    assert_same(got, before)
+    # nothing to plan from: None
     scalar = TensorDict({"x": torch.zeros(3)}, batch_size=())
-    assert cat_flat([unpack_frame(pack(scalar))]) is None
-    assert cat_flat([None, parts[1]]) is None
+    assert FlatRows.plan([unpack_frame(pack(scalar))], 1) is None
+    assert FlatRows.plan([None, None], 4) is None
+
+
+def test_unpack_reads_only_the_rows_asked_for():
+    want = flat_sample()
+    packed = pickle.loads(pickle.dumps(pack(want), protocol=5))
+    for lo, n in ((0, 2), (1, 1), (0, 1), (2, 0)):
+        assert_same(unpack(packed, (lo, n)), want[lo : lo + n])
+    nested = sample(4).expand(3).clone()  # (the general path: indexed after unpacking)
+    got = unpack(pack(nested), (1, 2))
+    assert got.batch_size == (2,) and torch.equal(got["observation"], nested["observation"][1:])
+
+
+def test_packing_rows_again_reads_their_views_once_and_sees_new_tensors():
+    td = flat_sample()
+    views: dict = {}
+    first = unpack(pack(td, views))
+    assert len(views) == 1
+    td["count"].add_(10)  # (in place: the cached views see it)
+    assert unpack(pack(td, views))["count"].tolist() == [17, 7]
+    td["count"] = torch.tensor([1, 2])  # (a new tensor: read again)
+    td["extra"] = torch.zeros(2)
+    got = unpack(pack(td, views))
+    assert got["count"].tolist() == [1, 2] and "extra" in got.keys()
+    assert_same(first, flat_sample())
 
 
 def unpack_frame(packed):
