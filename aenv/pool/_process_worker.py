@@ -391,11 +391,11 @@ class _Runtime:
         from ``"next"``, then the envs just reset take theirs from ``"reset"``."""
         local, carries = self.local, self.carries
         if len(items) == len(self.indices) and flags.translate(_CARRIES) == self.all_carry:
-            blocks = self.carry_blocks.get(bank, False)
-            if blocks is False:
-                blocks = self.carry_blocks[bank] = carry_blocks(
+            if bank not in self.carry_blocks:
+                self.carry_blocks[bank] = carry_blocks(
                     [self._carry_pairs(bank, i) for i in self.indices]
                 )
+            blocks = self.carry_blocks[bank]
             if blocks is not None:
                 for dst, src, _ in blocks:
                     dst[...] = src
