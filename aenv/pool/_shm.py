@@ -279,9 +279,9 @@ class Slot:
     def lend(self) -> TensorDictBase:
         """:meth:`view` for a call that is over before the next one starts (a worker's
         inline step): the same TensorDict as last time while it still holds exactly the
-        slot's tensors, unlocked, with the slot's batch size and no device or dim names (a TensorDict
-        costs more to build than a lean env step's bookkeeping); a new view when the env
-        changed it (its input is its own to change, as a bare env's is)."""
+        slot's tensors, unlocked, with the slot's batch size and no device or dim names
+        (a TensorDict costs more to build than a lean env step's bookkeeping); a new view
+        when the env changed it (its input is its own to change, as a bare env's is)."""
         td = self.lent
         if td is not None:
             entries = td._tensordict
