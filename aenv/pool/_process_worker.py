@@ -64,15 +64,18 @@ from aenv.envs._utils import EnvMetaData
 from aenv.exceptions import EnvStepError
 from aenv.pool import _codec as codec
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._ops import drive, execute, execute_inline, lean_inline, runs_inline, step_rows
+from aenv.pool._ops import drive, execute, execute_inline, runs_inline, step_rows
 from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, Bell
 from aenv.pool._process_support import close_inherited
-from aenv.pool._shm import Slot, carry_pairs, map_region, map_slots
+from aenv.pool._shm import Slot, carry_blocks, carry_pairs, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
 SLOT, PICKLED, FAILED = 0, 1, 2
 _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
+#: a doorbell flag byte reduced to 1 when it carries something, and to its reset bit
+_CARRIES = bytes(int(bool(b & (CARRY_NEXT | CARRY_RESET))) for b in range(256))
+_RESETS = bytes(int(bool(b & CARRY_RESET)) for b in range(256))
 _DUMP = pickle.HIGHEST_PROTOCOL
 #: Seconds a finished result may wait for its siblings' to go out in the same frame.
 _HOLD = 0.0005
@@ -291,6 +294,15 @@ class _Runtime:
         self.bell_items: dict[bytes, list[tuple[int, None]]] = {}
         #: (bank, env) -> its carried input leaves and their sources (see :meth:`_carry`)
         self.carries: dict[tuple[int, int], list[tuple[Any, Any, Any]]] = {}
+        #: bank -> the carried leaves as blocks over the worker's rows, or None where the
+        #: rows do not lie one after another (see :meth:`_carry`)
+        self.carry_blocks: dict[int, list[tuple[Any, Any, Any]] | None] = {}
+        #: a page's flags translated by _CARRIES when every env carries, by _RESETS when
+        #: none was reset
+        self.all_carry = bytes([1]) * len(self.indices)
+        self.no_reset = bytes(len(self.indices))
+        #: (op, env) -> the env and whether the op runs inline on it (see _slot_batch)
+        self.inline: dict[tuple[str, int], tuple[EnvBase, bool]] = {}
         self.envs = envs
         self.fns = fns
         self.slots = slots  # bank 0's
@@ -373,23 +385,44 @@ class _Runtime:
 
     def _carry(self, bank: int, items: list[tuple[int, None]], flags: bytes) -> None:
         """Fill the envs' carried input leaves in ``bank`` from their results in the other
-        bank (:func:`~aenv.pool._shm.carry_pairs`), as the parent's flags say."""
+        bank (:func:`~aenv.pool._shm.carry_pairs`), as the parent's flags say. When every
+        env of the worker carries and their rows lie one after another (one group of like
+        envs: :func:`~aenv.pool._shm.plan_layout`), each leaf is one copy over the rows
+        from ``"next"``, then the envs just reset take theirs from ``"reset"``."""
         local, carries = self.local, self.carries
+        if len(items) == len(self.indices) and flags.translate(_CARRIES) == self.all_carry:
+            if bank not in self.carry_blocks:
+                self.carry_blocks[bank] = carry_blocks(
+                    [self._carry_pairs(bank, i) for i in self.indices]
+                )
+            blocks = self.carry_blocks[bank]
+            if blocks is not None:
+                for dst, src, _ in blocks:
+                    dst[...] = src
+                if flags.translate(_RESETS) == self.no_reset:
+                    return
+                items = [item for item in items if flags[local[item[0]]] & CARRY_RESET]
         for i, _ in items:
             flag = flags[local[i]]
             if not flag & (CARRY_NEXT | CARRY_RESET):
                 continue
             pairs = carries.get((bank, i))
             if pairs is None:
-                slots, other = self.banks[bank].get(i), self.banks[1 - bank].get(i)
-                assert slots is not None and other is not None
-                pairs = carries[bank, i] = carry_pairs(slots["in"], other["next"], other["reset"])
+                pairs = self._carry_pairs(bank, i)
             if flag & CARRY_RESET:
                 for dst, _, src in pairs:
                     dst[...] = src
             else:
                 for dst, src, _ in pairs:
                     dst[...] = src
+
+    def _carry_pairs(self, bank: int, i: int) -> list[tuple[Any, Any, Any]]:
+        pairs = self.carries.get((bank, i))
+        if pairs is None:
+            slots, other = self.banks[bank].get(i), self.banks[1 - bank].get(i)
+            assert slots is not None and other is not None
+            pairs = self.carries[bank, i] = carry_pairs(slots["in"], other["next"], other["reset"])
+        return pairs
 
     def _handle_frames(self, frames: list[Any]) -> None:
         for frame in frames:
@@ -461,17 +494,18 @@ class _Runtime:
             self.broken,
             self.seq,
         )
+        inline = self.inline
         for i, data in items:
             env = envs.get(i)
             slots = slots_of.get(i)
-            if (
-                data is not None
-                or slots is None
-                or env is None
-                or i in tasks
-                or i in broken
-                or not runs_inline(env, op)
-            ):
+            if data is not None or slots is None or env is None or i in tasks or i in broken:
+                self._submit((i, seq, op, data, batch))
+                continue
+            # (runs_inline by class: settled once per env and op, until the env is replaced)
+            known = inline.get((op, i))
+            if known is None or known[0] is not env:
+                known = inline[op, i] = (env, runs_inline(env, op))
+            if not known[1]:
                 self._submit((i, seq, op, data, batch))
                 continue
             seqs[i] = seq
@@ -482,16 +516,21 @@ class _Runtime:
                 # parent has a step timeout: it hears of each env as it finishes)
                 self._flush()
             try:
-                payload = slots["in"].view()
-                if not lean_inline(env, op, payload):
-                    result = execute_inline(env, op, payload)
+                # lean_inline less what runs_inline settled above, and less the "_step"
+                # mask, which no slot holds (lend hands out the slot's entries alone)
+                if env.run_type_checks or env._closed:
+                    result = execute_inline(env, op, slots["in"].view())
                 else:
                     # the env's step straight into its result slot where it can write
                     # there, and the reset into its reset slot
                     reset = slots.get("reset")
                     nxt, rst = drive(
                         step_rows(
-                            env, op, payload, slots["next"].td, None if reset is None else reset.td
+                            env,
+                            op,
+                            slots["in"].lend(),
+                            slots["next"].td,
+                            None if reset is None else reset.td,
                         )
                     )
                     if isinstance(nxt, bool) and (rst is None or rst is True):

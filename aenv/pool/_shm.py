@@ -28,6 +28,7 @@ slots are an optimisation that never changes what comes back.
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 import tempfile
 from typing import Any
@@ -181,7 +182,7 @@ class Slot:
     :meth:`read` returns a private copy.
     """
 
-    __slots__ = ("batch_size", "by_key", "dsts", "flat_keys", "n", "sig", "td")
+    __slots__ = ("batch_size", "by_key", "dsts", "flat_keys", "lent", "n", "sig", "td")
 
     def __init__(self, flat: torch.Tensor, batch_size: tuple[int, ...], leaves: list[Leaf]) -> None:
         self.batch_size = torch.Size(batch_size)
@@ -197,6 +198,8 @@ class Slot:
         self.sig = [(key, dst.dtype, dst.shape) for key, dst in self.by_key.items()]
         # plain string keys: the fast paths read a TensorDict's entry dict directly
         self.flat_keys = all(type(key) is str for key in self.by_key)
+        #: the view :meth:`lend` hands out again while it holds the slot's tensors alone
+        self.lent: TensorDictBase | None = None
 
     def _sources(self, entries: dict[str, Any]) -> list[torch.Tensor] | None:
         srcs = []
@@ -273,6 +276,29 @@ class Slot:
             )
         return self.td.copy()
 
+    def lend(self) -> TensorDictBase:
+        """:meth:`view` for a call that is over before the next one starts (a worker's
+        inline step): the same TensorDict as last time while it still holds exactly the
+        slot's tensors, unlocked, with the slot's batch size and no device or dim names
+        (a TensorDict costs more to build than a lean env step's bookkeeping); a new view
+        when the env changed it (its input is its own to change, as a bare env's is)."""
+        td = self.lent
+        if td is not None:
+            entries = td._tensordict
+            if (
+                len(entries) == self.n
+                and not td._is_locked
+                and td._batch_size == self.batch_size
+                and td._device is None
+                and td._td_dim_names is None
+                and all(map(operator.is_, entries.values(), self.dsts))
+            ):
+                return td
+        if not self.flat_keys:
+            return self.view()
+        td = self.lent = self.view()
+        return td
+
     def read(self) -> TensorDictBase:
         return self.td.clone()
 
@@ -322,6 +348,43 @@ def carry_pairs(slot_in: Slot, slot_next: Slot, slot_reset: Slot) -> list[tuple[
         dst, nxt, rst = slot_in.by_key[key], slot_next.by_key[key], slot_reset.by_key[key]
         a, b, c = _as_numpy(dst), _as_numpy(nxt), _as_numpy(rst)
         out.append((dst, nxt, rst) if a is None or b is None or c is None else (a, b, c))
+    return out
+
+
+def carry_blocks(pairs: list[list[tuple[Any, Any, Any]]]) -> list[tuple[Any, Any, Any]] | None:
+    """Envs' :func:`carry_pairs` (in their rows' order) as one ``(in, next, reset)`` triple
+    of numpy blocks per leaf, row ``j`` over env ``j``'s arrays: where every env has the
+    same numpy leaves and each leaf's rows lie at one stride from each other (a group of
+    like envs, :func:`plan_layout`). None otherwise (or for a single env)."""
+    if len(pairs) < 2 or any(len(p) != len(pairs[0]) for p in pairs):
+        return None
+    out = []
+    for k in range(len(pairs[0])):
+        triple = []
+        for part in range(3):
+            arrays = [p[k][part] for p in pairs]
+            first = arrays[0]
+            if type(first) is not np.ndarray or not first.flags.c_contiguous:
+                return None
+            start = first.ctypes.data
+            stride = arrays[1].ctypes.data - start
+            if stride < first.nbytes:
+                return None
+            for j, a in enumerate(arrays):
+                if (
+                    type(a) is not np.ndarray
+                    or a.dtype != first.dtype
+                    or a.shape != first.shape
+                    or a.strides != first.strides
+                    or a.ctypes.data != start + j * stride
+                ):
+                    return None
+            triple.append(
+                np.lib.stride_tricks.as_strided(
+                    first, (len(arrays), *first.shape), (stride, *first.strides)
+                )
+            )
+        out.append((triple[0], triple[1], triple[2]))
     return out
 
 
