@@ -322,7 +322,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         ]
 
     async def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        mask = tensordict.get("_step", None)
+        mask = entry(tensordict, "_step")  # (the entry dict: read on every step)
         indices = self._all
         sel = None
         if mask is not None:
@@ -368,7 +368,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         is EnvBase's :meth:`step` then "reset what is done", which a masked call falls back
         to (also when an env sitting the step out is done already: that one is reset too).
         """
-        mask = tensordict.get("_step", None)
+        mask = entry(tensordict, "_step")  # (the entry dict: read on every step)
         sel, indices = None, self._all
         if mask is None:
             self._check_open()
@@ -628,7 +628,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             )
         if tensordict is None:
             return super().rand_action(tensordict)
-        raw = tensordict.get("env_index", None)
+        raw = entry(tensordict, "env_index")  # (the entry dict: read on every step)
         if raw is None:
             if not (
                 self._lazy

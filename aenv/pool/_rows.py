@@ -205,41 +205,48 @@ class Rows:
         ``launch`` gives them, one per stepped env) when some env failed or gave a
         result its row cannot hold."""
         smr = op == "step_and_maybe_reset"
-        n = len(envs)
         if indices is None:
-            indices = range(n)
+            indices = range(len(envs))
         # (numpy: one write to a tensor costs more than a step's whole bookkeeping)
         reset_flags = self._flags
         reset_flags.fill(False)
         any_reset = False
-        outcomes: list[Any] = [None] * len(indices)
+        next_rows, reset_rows = self.next_rows, self.reset_rows
+        # per stepped env: None where its rows hold its results (its outcome is made from
+        # them only if the batch does not come back whole), else its outcome
+        outcomes: list[Any] = []
         whole = True
-        for pos, (i, td) in enumerate(zip(indices, inputs, strict=True)):
-            env = envs[i]
-            row = self.next_rows[i]
+        for i, td in zip(indices, inputs, strict=True):
+            row = next_rows[i]
             try:
-                res, rst = drive(step_rows(env, op, td, row, self.reset_rows[i]))
+                res, rst = drive(step_rows(envs[i], op, td, row, reset_rows[i]))
+                if type(res) is bool and (rst is None or rst is True):
+                    # (the common case: every result in the rows)
+                    if rst:
+                        reset_flags[i] = any_reset = True
+                    outcomes.append(None)
+                    continue
                 stepped_next = row
                 if not isinstance(res, bool):
                     self.direct = False
                     stepped_next = res
                     whole = _fill(row, self.next_keys, res) and whole
                 if not smr:
-                    outcomes[pos] = stepped_next
+                    outcomes.append(stepped_next)
                     continue
                 if rst is None:
-                    outcomes[pos] = (stepped_next, None)
+                    outcomes.append((stepped_next, None))
                     continue
-                reset_row = self.reset_rows[i]
+                reset_row = reset_rows[i]
                 if rst is not True and not _fill(reset_row, self.reset_keys, rst):
                     whole = False
-                    outcomes[pos] = (stepped_next, rst)
+                    outcomes.append((stepped_next, rst))
                     continue
                 reset_flags[i] = any_reset = True
-                outcomes[pos] = (stepped_next, reset_row)
+                outcomes.append((stepped_next, reset_row))
             except Exception as exc:
                 whole = False
-                outcomes[pos] = Failure(exc)
+                outcomes.append(Failure(exc))
         if whole:
             # the rows themselves: a consumer copies what it keeps (see Stacked)
             assert self.next is not None and self.reset is not None
@@ -247,6 +254,13 @@ class Rows:
                 return Stacked(self.next, owned=False, copy=self.copy_next)
             mask = torch.from_numpy(reset_flags.copy())
             return Stacked(self.next, self.reset, mask, owned=False, copy=self.copy_next)
+        for pos, i in enumerate(indices):
+            if outcomes[pos] is None:
+                row = next_rows[i]
+                if not smr:
+                    outcomes[pos] = row
+                else:
+                    outcomes[pos] = (row, reset_rows[i] if reset_flags[i] else None)
         return [_private(o) for o in outcomes]
 
 
