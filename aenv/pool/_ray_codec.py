@@ -147,32 +147,12 @@ def _flat(td: TensorDict, views: dict[int, Any] | None = None) -> _Flat | None:
 
 def _unflat(flat: _Flat, rows: tuple[int, int] | None = None) -> TensorDict:
     """The TensorDict ``flat`` holds, or with ``rows=(lo, n)`` its rows ``lo:lo+n`` along
-    the first dim (only their bytes copied out of the blob)."""
-    first, total = 0, 0
-    if rows is not None:
-        first, total = rows
-        whole = flat.batch_size[0]
-    span = None  # (start and stop in the blob of the rows wanted, per leaf)
-    if rows is not None:
-        span = []
-        offset = 0
-        for code, shape in zip(flat.codes, flat.shapes):
-            count = 1
-            for size in shape:
-                count *= size
-            width = _NUMPY[code].itemsize * (count // whole if whole else 0)
-            span.append((offset + first * width, offset + (first + total) * width))
-            offset += count * _NUMPY[code].itemsize
-        # (writable memory the tensors own: only the rows wanted)
-        buffer = bytearray(b"".join([memoryview(flat.blob)[a:b] for a, b in span]))
-    else:
-        buffer = bytearray(flat.blob)  # (writable memory the tensors own)
+    the first dim (views of them: no TensorDict of the whole, no indexing of one)."""
+    buffer = bytearray(flat.blob)  # (writable memory the tensors own)
     source: dict[str, torch.Tensor] = {}
     offset = 0
     for key, code, shape in zip(flat.keys, flat.codes, flat.shapes):
         dtype = _NUMPY[code]
-        if rows is not None:
-            shape = (total, *shape[1:])
         # (numpy's view then torch.from_numpy: a third of torch.frombuffer's cost here;
         # a 1-D leaf, most of a step's, is the view as it comes: a reshape cost ~0.5 us)
         if len(shape) == 1:
@@ -183,10 +163,12 @@ def _unflat(flat: _Flat, rows: tuple[int, int] | None = None) -> TensorDict:
             for size in shape:
                 count *= size
             array = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
+        if rows is not None:
+            array = array[rows[0] : rows[0] + rows[1]]
         source[key] = torch.from_numpy(array)
         offset += count * dtype.itemsize
     device = None if flat.device is None else torch.device(flat.device)
-    batch = flat.batch_size if rows is None else (total, *flat.batch_size[1:])
+    batch = flat.batch_size if rows is None else (rows[1], *flat.batch_size[1:])
     # fresh tensors of the shapes they were packed with: nothing for the checking
     # constructor to check
     return TensorDict._new_unsafe(source, batch, device, nested=False)  # type: ignore[arg-type]
