@@ -34,8 +34,9 @@ collected every ~30 steps. So while a freezing pool is open, the young generatio
 collected once per :data:`YOUNG_PER_ENV` net allocations per env of the biggest such pool
 (its threshold raised, never lowered; the middle generation's, 10 of those, follows): more
 than the steps in flight hold, so they die before they are walked. 4,096 streamed envs of
-200 ms spent 8-14 us of collector time per step with a young threshold of 700 and the
-middle one raised, 1.0-3.2 with this (``benchmarks/bench_scale.py --limit-one``).
+200 ms spent 6.7-14.1 us of collector time per step with a young threshold of 700 and the
+middle one raised, 0.7-5.1 with this (``benchmarks/bench_scale.py --limit-one 4096 0.2 aenv
+8``, seven runs each on a loaded machine; 0.5-1.1 over 25 s, past the startup freezes).
 
 What it costs. Reference counting frees frozen objects as usual; only cyclic garbage among
 them waits until the pool closes, and cyclic garbage made while it is open waits longer for
