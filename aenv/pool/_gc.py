@@ -24,19 +24,23 @@ objects go back (:func:`gc.unfreeze`), unless something else had frozen objects 
 
 The steps in flight are the other part. A streamed step of a slow env lives for its latency
 (a few coroutines, futures and timer handles, its result), longer than the collector's young
-generations wait between collections (700 allocations, then 10 of those): at thousands of
-envs nearly all of them are promoted to the oldest generation, whose collections, brought
-on by that growth, then walk every step in flight, scattered over a heap of gigabytes, at
-hundreds of nanoseconds an object. So while a freezing pool is open, the middle generation
-is collected once per :data:`ALLOCATIONS_PER_ENV` allocations per env of the biggest such
-pool (its threshold raised, never lowered): a step's objects die there before they are
-walked a second time. 16,384 streamed envs of 200 ms spent 131 us of collector time per
-step with the first two freezes alone, 30 with this and the settle freezes, and no full
-collection in the window instead of 9 (``benchmarks/bench_scale.py --limit-one``, quiet).
+generation waits between collections (700 net allocations): at thousands of envs each
+young collection walks steps in flight that are still alive, and they are promoted to the
+older generations, whose collections then walk them again, scattered over a heap of
+gigabytes, at hundreds of nanoseconds an object. A pool's results also come and go in
+bursts (a receive frees hundreds at once, which the collector's count of net allocations,
+never below zero, does not see), so at the default threshold the young generation was
+collected every ~30 steps. So while a freezing pool is open, the young generation is
+collected once per :data:`YOUNG_PER_ENV` net allocations per env of the biggest such pool
+(its threshold raised, never lowered; the middle generation's, 10 of those, follows): more
+than the steps in flight hold, so they die before they are walked. 4,096 streamed envs of
+200 ms spent 6.7-14.1 us of collector time per step with a young threshold of 700 and the
+middle one raised, 0.7-5.1 with this (``benchmarks/bench_scale.py --limit-one 4096 0.2 aenv
+8``, seven runs each on a loaded machine; 0.5-1.1 over 25 s, past the startup freezes).
 
 What it costs. Reference counting frees frozen objects as usual; only cyclic garbage among
 them waits until the pool closes, and cyclic garbage made while it is open waits longer for
-the middle generation's collection (memory, not time: a few objects per env). Freezing and
+a collection (memory, not time: up to :data:`YOUNG_PER_ENV` objects per env). Freezing and
 unfreezing take constant time; the thresholds in force before come back when the last pool
 closes, unless other code changed them meanwhile.
 ``AsyncEnvPool(..., gc_freeze=False)`` turns it off, ``True`` turns it on for any size.
@@ -52,8 +56,9 @@ __all__ = ["FREEZE_FROM", "GcFreeze"]
 FREEZE_FROM = 1024
 #: the freezes a pool makes once as many results as it has envs came back (see above)
 SETTLE_FREEZES = 2
-#: allocations per env of the freezing pools between two collections of the middle generation
-ALLOCATIONS_PER_ENV = 20
+#: net allocations per env of the freezing pools between two collections of the young
+#: generation (see above: 2 per env left it walking the steps in flight, 5 and 20 did not)
+YOUNG_PER_ENV = 10
 
 _holders: set[int] = set()  # the ids of the GcFreeze objects holding a freeze
 _ours = False  # the permanent generation was empty when the first holder froze
@@ -91,10 +96,9 @@ class GcFreeze:
             _ours = gc.get_freeze_count() == 0
         _holders.add(id(self))
         before = gc.get_threshold()
-        t0, t1 = before[0], before[1]
-        want = -(-ALLOCATIONS_PER_ENV * self._n // t0) if t0 else t1
-        if want > t1:
-            gc.set_threshold(t0, want, *before[2:])
+        want = YOUNG_PER_ENV * self._n
+        if before[0] and want > before[0]:  # (0: automatic collection off, left so)
+            gc.set_threshold(want, *before[1:])
             _thresholds = (_thresholds[0] if _thresholds else before, gc.get_threshold())
         self._freeze()
 

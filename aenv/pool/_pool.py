@@ -111,8 +111,8 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         close_timeout: seconds ``aclose`` waits for work that ignores cancellation.
         gc_freeze: move what the build, the first whole reset and the first steps made
             to the garbage collector's permanent generation while the pool is open, so
-            full collections skip thousands of envs, and collect the middle generation less
-            often, so steps in flight are not promoted (:mod:`aenv.pool._gc`). Default
+            full collections skip thousands of envs, and collect the young generation less
+            often, so steps in flight are not walked and promoted (:mod:`aenv.pool._gc`). Default
             (None): on for pools of at least 1,024 envs on the coroutine or thread backend.
 
     Example:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from aenv.pool import AsyncEnvPool
-from aenv.pool._gc import ALLOCATIONS_PER_ENV, FREEZE_FROM
+from aenv.pool._gc import FREEZE_FROM, YOUNG_PER_ENV
 from aenv.testing import CountingEnv, LatencyEnv
 
 
@@ -117,19 +117,24 @@ async def test_what_the_first_streamed_steps_make_joins_the_freeze() -> None:
     assert gc.get_freeze_count() == 0
 
 
-async def test_a_big_pool_spaces_the_middle_generation_and_restores_it() -> None:
+async def test_a_big_pool_spaces_the_young_generation_and_restores_it() -> None:
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
         n = FREEZE_FROM
         async with AsyncEnvPool([LatencyEnv] * n):
-            t0, t1, t2 = gc.get_threshold()
-            assert (t0, t2) == (700, 10) and t1 * t0 >= ALLOCATIONS_PER_ENV * n
+            assert gc.get_threshold() == (YOUNG_PER_ENV * n, 10, 10)
         assert gc.get_threshold() == (700, 10, 10)
         # thresholds someone else set while the pool was open are theirs: left as they are
         async with AsyncEnvPool([LatencyEnv] * n):
             gc.set_threshold(1000, 20, 20)
         assert gc.get_threshold() == (1000, 20, 20)
+        # never lowered, and automatic collection left off where it was off
+        for mine in ((10 * YOUNG_PER_ENV * n, 10, 10), (0, 10, 10)):
+            gc.set_threshold(*mine)
+            async with AsyncEnvPool([LatencyEnv] * n):
+                assert gc.get_threshold() == mine
+            assert gc.get_threshold() == mine
         # a pool that does not freeze leaves them alone
         gc.set_threshold(700, 10, 10)
         async with AsyncEnvPool([LatencyEnv] * n, gc_freeze=False):
