@@ -168,8 +168,8 @@ class RayBackend(RayStacked, RayFaults, DriverWire, Backend):
         self._held: dict[int, tuple[str, Any]] = {}
         self._replacing: dict[int, tuple[int, asyncio.TimerHandle | None]] = {}
         self._kill_reasons: dict[tuple[int, int], str] = {}
-        # whole-batch answers' rows, by (bank, 1 next | 2 reset): see RayStacked._land
-        self._landing: dict[tuple[int, int], FlatRows] = {}
+        # whole-batch answers' rows, by (bank, "next" | "reset"): see RayStacked._land
+        self._landing: dict[tuple[int, str], FlatRows] = {}
         self._seq = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False

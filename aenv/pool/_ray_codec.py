@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from aenv.pool._codec import BIG_BYTES, decode, encode
 
@@ -91,8 +91,7 @@ def _flat(td: TensorDict, views: dict[int, Any] | None = None) -> _Flat | None:
     leaves = td._tensordict
     seen = None if views is None else views.get(id(td))
     if (
-        seen is not None
-        and seen[0] is td
+        seen is not None  # (held there, ``td`` keeps its id)
         and len(seen[1]) == len(leaves)
         and all(map(operator.is_, leaves.values(), seen[1]))
         and seen[2] == tuple(leaves)
@@ -313,6 +312,7 @@ def unpack(packed: tuple[Any, ...], rows: tuple[int, int] | None = None) -> Any:
     else:
         out = packed[1]
     if rows is not None:
-        lo, n = rows
-        return out[lo : lo + n]
+        if not isinstance(out, TensorDictBase):
+            raise ValueError(f"rows of a packed {type(out).__name__}: only a TensorDict has rows")
+        return out[rows[0] : rows[0] + rows[1]]
     return out

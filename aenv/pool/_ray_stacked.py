@@ -58,7 +58,7 @@ class RayStacked:
     _seq: Any
     _token: bytes | None
     _wire_send: Callable[[_Group, Any], bool]
-    _landing: dict[tuple[int, int], FlatRows]
+    _landing: dict[tuple[int, str], FlatRows]
     _cancel_on: Callable[[_Group, int, int], None]
 
     def _stacks_now(self, indices: Sequence[int] | None) -> bool:
@@ -187,12 +187,12 @@ class RayStacked:
                 return None
             bodies.append(body)
         sizes = [len(g.indices) for g, _, _, _ in calls]
-        nxt = self._land_rows(bank, 1, [b[1] for b in bodies], sizes)
+        nxt = self._land_rows(bank, "next", [b[1] for b in bodies], sizes)
         if nxt is None:
             return None
         if all(b[3] is None for b in bodies):
             return Stacked(nxt, owned=False)
-        reset = self._land_rows(bank, 2, [b[2] for b in bodies], sizes)
+        reset = self._land_rows(bank, "reset", [b[2] for b in bodies], sizes)
         if reset is None:
             return None
         flags: list[bool] = []
@@ -201,9 +201,9 @@ class RayStacked:
         return Stacked(nxt, reset, torch.tensor(flags, dtype=torch.bool), owned=False)
 
     def _land_rows(
-        self, bank: int, kind: int, parts: list[Any], sizes: list[int]
+        self, bank: int, kind: str, parts: list[Any], sizes: list[int]
     ) -> TensorDictBase | None:
-        """``parts`` written into the rows of ``bank`` and ``kind`` (1: next, 2: reset),
+        """``parts`` written into the rows of ``bank`` and ``kind`` (``"next"`` or ``"reset"``),
         planned (again) where they have none yet or another structure."""
         key = (bank, kind)
         rows = self._landing.get(key)

@@ -168,9 +168,11 @@ class ActorWire:
                 conn = None
                 for task in done:
                     sock = waiting.pop(task)
-                    waiting[loop.create_task(loop.sock_accept(sock))] = sock
-                    if task.exception() is not None:
+                    if task.exception() is not None:  # (that listener is broken: drop it)
+                        if not waiting:
+                            raise task.exception()  # type: ignore[misc]
                         continue
+                    waiting[loop.create_task(loop.sock_accept(sock))] = sock
                     candidate, _ = task.result()
                     try:
                         got = await asyncio.wait_for(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
@@ -182,6 +183,11 @@ def test_unpack_reads_only_the_rows_asked_for():
     nested = sample(4).expand(3).clone()  # (the general path: indexed after unpacking)
     got = unpack(pack(nested), (1, 2))
     assert got.batch_size == (2,) and torch.equal(got["observation"], nested["observation"][1:])
+    # rows of what is not a TensorDict: an error, not a slice of something else
+    scalar = TensorDict({"x": torch.zeros(3)}, batch_size=())
+    for other in (pack((want, want)), pack(scalar)):
+        with pytest.raises(ValueError, match="rows"):
+            unpack(other, (0, 1))
 
 
 def test_packing_rows_again_reads_their_views_once_and_sees_new_tensors():
