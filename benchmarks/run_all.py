@@ -6,7 +6,9 @@ their own venv through ``benchmarks/_peers.py``, created on first use.
 
 Run: ``python benchmarks/run_all.py [--quick] [--out DIR] [--only NAME ...]``
 (the full run writes ``benchmarks/RESULTS.md`` and ``benchmarks/*.png``; ``--quick`` uses
-small sizes and writes to ``--out``, a temporary folder by default).
+small sizes and writes to ``--out``, a temporary folder by default). With ``--only``, an
+existing ``RESULTS.md`` keeps every other section: each benchmark run replaces its own
+section's table (up to its ``command`` line), and the notes written under it stay.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import importlib
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -249,8 +252,12 @@ def main() -> int:
         "Produced by `python benchmarks/run_all.py" + (" --quick" if args.quick else "") + "`.\n",
     ]
     header += [f"![{p}]({p})\n" for p in plots]
-    sections += _kept_sections(out / "RESULTS.md")
-    (out / "RESULTS.md").write_text("\n".join(header + sections))
+    path = out / "RESULTS.md"
+    if args.only and path.exists():
+        path.write_text(merge_sections(path.read_text(), sections))
+    else:
+        sections += _kept_sections(path)
+        path.write_text("\n".join(header + sections))
     print(f"\nwrote {out / 'RESULTS.md'}" + (f" and {', '.join(plots)}" if plots else ""))
     if failures:
         print(f"FAILED benchmarks: {', '.join(failures)}", file=sys.stderr)
@@ -273,6 +280,34 @@ def _kept_sections(path: Path) -> list[str]:
         if a >= 0 and b > a:
             kept.append(text[a : b + len(end)] + "\n")
     return kept
+
+
+#: the last line of a section's generated part: its run time and command
+_COMMAND_LINE = re.compile(r"^_\(\d+ s, command: `python benchmarks/[^`]*`\)_\n?", re.M)
+
+
+def merge_sections(text: str, sections: list[str]) -> str:
+    """``text`` (a RESULTS.md) with each of ``sections`` (``"## title"`` first) in place of
+    the generated part of the section of the same title: from its heading to its command
+    line, or to the next ``## `` heading where it has none. What follows the command line
+    (notes, later runs' tables) is kept; a section the file lacks is added at the end."""
+    for section in sections:
+        heading = section.split("\n", 1)[0] + "\n"
+        new = section if section.endswith("\n") else section + "\n"
+        if text.startswith(heading):
+            start = 0
+        else:
+            at = text.find("\n" + heading)
+            if at < 0:
+                text = text.rstrip("\n") + "\n\n" + new
+                continue
+            start = at + 1
+        following = text.find("\n## ", start + len(heading))
+        limit = len(text) if following < 0 else following + 1
+        command = _COMMAND_LINE.search(text, start + len(heading), limit)
+        end = command.end() if command is not None else limit
+        text = text[:start] + new + text[end:]
+    return text
 
 
 if __name__ == "__main__":
