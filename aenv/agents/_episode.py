@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.pool._dispatch import error_fields
 
 __all__ = [
@@ -229,7 +230,7 @@ def _fill(
             # text (or other objects): padding is "" (None for objects), never a copy
             pad: Any = "" if isinstance(sample, str) else None
             items = [pad if v is None else v for v in values] + [pad] * (size - n)
-            td.set(key, NonTensorStack(*[NonTensorData(v) for v in items]))
+            td.set(key, NonTensorStack(*[non_tensor(v) for v in items]))
 
 
 _TENSOR = "__tensor__"

@@ -8,8 +8,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.agents._episode import Episode
 
 __all__ = ["EpisodeSpec", "Group", "PromptSource", "group_advantages", "prompt_tensordict"]
@@ -99,7 +100,7 @@ def prompt_tensordict(
         elif isinstance(value, Mapping):
             value = prompt_tensordict(value, batch_size)
         else:
-            value = NonTensorData(value, batch_size=batch_size)  # type: ignore[arg-type]
+            value = non_tensor(value, batch_size)
         fits = fits and type(key) is str
         entries[key] = value
     if fits:

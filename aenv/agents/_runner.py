@@ -13,9 +13,10 @@ from typing import Any
 import anyio
 import torch
 from anyio.abc import TaskGroup
-from tensordict import NonTensorData, TensorDictBase
+from tensordict import TensorDictBase
 
 from aenv._mdp import any_true, entry, getter, unravel
+from aenv._mdp_tree import non_tensor_value
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
@@ -35,12 +36,8 @@ def _name(key: Any) -> str:
 def _value(value: Any) -> Any:
     """A stored copy of one entry: text as ``str``, tensors cloned."""
     kind = type(value)
-    if kind is NonTensorData:
-        # (its field, read without the tensorclass's attribute machinery: a per-turn read)
-        value = value.__dict__["_non_tensordict"]["data"]
-        kind = type(value)
-    elif kind is not torch.Tensor and isinstance(value, NonTensorData):
-        value = value.data
+    if kind is not torch.Tensor:
+        value = non_tensor_value(value)  # (a per-turn read)
         kind = type(value)
     if kind is torch.Tensor or isinstance(value, torch.Tensor):
         return (value.detach() if value.requires_grad else value).clone()

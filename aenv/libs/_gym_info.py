@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.envs._gymlike import BaseInfoDictReader
 from aenv.specs import Composite, NonTensor
 
@@ -53,9 +54,9 @@ class InfoAsEntry(BaseInfoDictReader):
         if len(batch) == 1:
             # a vector env's aggregated dict: kept as each sub-env's own
             parts = split_infos(info_dict, batch[0])
-            value: Any = NonTensorStack(*(NonTensorData(data=d) for d in parts))
+            value: Any = NonTensorStack(*(non_tensor(d) for d in parts))
         else:
-            value = NonTensorData(data=dict(info_dict), batch_size=batch)
+            value = non_tensor(dict(info_dict), batch)
         tensordict.set(self.key, value)
         return tensordict
 

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.envs import EnvBase
 from aenv.llm._history import History, Message
 from aenv.llm._limiter import Limiter
@@ -30,6 +31,9 @@ __all__ = ["ChatEnv", "Scorer", "ToolEnv"]
 #: ``scorer(history, answer)`` -> reward; may be ``async``. ``answer`` is the reset
 #: input's ``"answer"`` (None when there was none).
 Scorer = Callable[[History, Any], "float | Awaitable[float]"]
+
+
+_NO_DIMS = torch.Size()
 
 
 def _entry(td: TensorDictBase | None, key: str) -> Any:
@@ -158,15 +162,17 @@ class ChatEnv(EnvBase):
         """Hook: per-episode set-up of subclasses (after the history is built)."""
 
     def _observation(self, history: History) -> TensorDict:
-        out = TensorDict(
-            {"history": NonTensorData(history), "prompt": NonTensorData(self._prompt_text)},
-            batch_size=(),
-        )
+        entries: dict[str, Any] = {
+            "history": non_tensor(history),
+            "prompt": non_tensor(self._prompt_text),
+        }
         if self.mode == "tokens":
             text = history.render(self.tokenizer)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
-            out["prompt_tokens"] = NonTensorData(tuple(int(i) for i in ids))
-        return out
+            entries["prompt_tokens"] = non_tensor(tuple(int(i) for i in ids))
+        # (entries made to fit an unbatched TensorDict: no checks, every step of thousands
+        # of episodes)
+        return TensorDict._new_unsafe(entries, _NO_DIMS, None, nested=False)
 
     # ------------------------------------------------------------------ step
     def _reply(self, td: TensorDictBase) -> Message:
@@ -199,10 +205,16 @@ class ChatEnv(EnvBase):
         truncated = not terminated and self.turns >= self.max_turns
         self.history = history
         out = self._observation(history)
-        out["reward"] = torch.tensor([float(reward)])
-        out["terminated"] = torch.tensor([terminated])
-        out["truncated"] = torch.tensor([truncated])
-        out["done"] = torch.tensor([terminated or truncated])
+        flags = {
+            "reward": torch.full((1,), float(reward)),
+            "terminated": torch.full((1,), terminated),
+            "truncated": torch.full((1,), truncated),
+            "done": torch.full((1,), terminated or truncated),
+        }
+        if type(out) is TensorDict and not out.is_locked and not out.batch_size:
+            out._tensordict.update(flags)  # (one-element tensors fit: no checks)
+        else:  # (a subclass's observation)
+            out.update(flags)
         return out
 
     async def _respond(self, history: History, message: Message) -> tuple[History, float, bool]:

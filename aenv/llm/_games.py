@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.envs import EnvBase
 from aenv.llm._chat import ChatEnv
 from aenv.llm._history import History, Message
@@ -159,8 +160,8 @@ class LLMHashingEnv(EnvBase):
         return TensorDict(
             {
                 "hash": torch.tensor([self.hash], dtype=torch.int64),
-                "tokens": NonTensorData(self.tokens),
-                "text": NonTensorData(self.decode(self.tokens)),
+                "tokens": non_tensor(self.tokens),
+                "text": non_tensor(self.decode(self.tokens)),
             },
             batch_size=(),
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
+from aenv._mdp_tree import non_tensor_value
 from aenv.specs import NonTensor
 
 __all__ = ["Text", "get_data", "get_text"]
@@ -41,7 +42,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, NonTensorStack):
         return [_plain(v) for v in value.tolist()]
     if isinstance(value, NonTensorData):
-        return _plain(value.tolist()) if value.batch_size else value.data
+        return _plain(value.tolist()) if value.batch_size else non_tensor_value(value)
     if isinstance(value, list):  # tensordict's LinkedList is a list
         return [_plain(v) for v in value]
     return value

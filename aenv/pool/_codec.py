@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, TensorDict
 
+from aenv._mdp_tree import non_tensor
+
 __all__ = ["BIG_BYTES", "Unpackable", "decode", "dumps", "encode", "loads"]
 
 #: Arrays from this many bytes travel beside the pickle (when the caller takes them).
@@ -150,7 +152,7 @@ def _decode_td(packed: _PackedTD, big: list[np.ndarray] | None) -> TensorDict:
         if kind is _PackedTD:
             source[key] = _decode_td(value, big)
         elif kind is _Value:
-            source[key] = NonTensorData(data=value.data, batch_size=value.batch_size)
+            source[key] = non_tensor(value.data, value.batch_size)
         else:
             source[key] = _tensor(value, big)
     device = None if packed.device is None else torch.device(packed.device)

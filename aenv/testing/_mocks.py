@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
+from aenv._mdp_tree import non_tensor
 from aenv.envs._common import EnvBase
 from aenv.specs import Binary, Bounded, Composite, NonTensor, Unbounded
 from aenv.specs._utils import done_flags
@@ -335,7 +336,7 @@ class TextEnv(EnvBase):
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         self.history = self.prompt
         self.count = 0
-        return TensorDict({"history": NonTensorData(self.history)}, batch_size=())
+        return TensorDict({"history": non_tensor(self.history)}, batch_size=())
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensordict.get("action")
@@ -347,7 +348,7 @@ class TextEnv(EnvBase):
         done = self.count >= self.max_steps or text == self.stop_word
         return TensorDict(
             {
-                "history": NonTensorData(self.history),
+                "history": non_tensor(self.history),
                 "reward": torch.tensor([float(len(text))]),
                 "done": torch.tensor([done]),
             },

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import entry
+from aenv._mdp_tree import non_tensor, non_tensor_value
 from aenv.envs._common import EnvBase
 from aenv.specs import Composite, NonTensor, Unbounded
 from aenv.specs._utils import done_flags
@@ -24,7 +25,7 @@ def _text(td: TensorDictBase | None, key: str, default: str) -> str:
     value = None if td is None else entry(td, key)
     if value is None:
         return default
-    value = value.data if isinstance(value, NonTensorData) else value
+    value = non_tensor_value(value)
     return value if isinstance(value, str) else str(value)
 
 
@@ -99,7 +100,7 @@ class GuessTextEnv(EnvBase):
         schedule = None if tensordict is None else entry(tensordict, "latencies")
         self.schedule = None if schedule is None else schedule.reshape(-1).tolist()
         return TensorDict._new_unsafe(
-            {"text": NonTensorData(self.text), "prompt": NonTensorData(self.prompt)},  # type: ignore[dict-item]
+            {"text": non_tensor(self.text), "prompt": non_tensor(self.prompt)},  # type: ignore[dict-item]
             batch_size=_NO_DIMS,
             device=None,
             nested=False,
@@ -117,8 +118,8 @@ class GuessTextEnv(EnvBase):
         # (torch.full, not torch.tensor([...]): a few µs less per entry)
         return TensorDict._new_unsafe(
             {
-                "text": NonTensorData(self.text),  # type: ignore[dict-item]
-                "prompt": NonTensorData(self.prompt),  # type: ignore[dict-item]
+                "text": non_tensor(self.text),  # type: ignore[dict-item]
+                "prompt": non_tensor(self.prompt),  # type: ignore[dict-item]
                 "reward": torch.full((1,), 1.0 if right else 0.0),
                 "done": torch.full((1,), right or truncated),
                 "terminated": torch.full((1,), right),
