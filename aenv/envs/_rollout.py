@@ -52,6 +52,12 @@ async def call_policy(policy: Callable[..., Any], td: TensorDictBase) -> TensorD
     out = policy(td)
     if out is td:  # (the common case first: a plain policy writing in place)
         return td
+    return await policy_result(td, out)
+
+
+async def policy_result(td: TensorDictBase, out: Any) -> TensorDictBase:
+    """The step's input after a policy's call on ``td`` gave ``out`` (see :func:`call_policy`;
+    the rollout loop calls policies itself, a coroutine fewer per step)."""
     if inspect.isawaitable(out):
         out = await out
     if out is None or out is td:
@@ -211,7 +217,9 @@ async def _loop(
         if break_when_all_done and t:
             td.set("_step", ~_done_mask(env, td))
         if policy is not None:
-            td = await call_policy(policy, td)
+            out = policy(td)
+            if out is not td:  # (not a plain policy writing in place: call_policy's rule)
+                td = await policy_result(td, out)
         elif t >= store.drawn:
             td = store.act(td, t)
         if rows is not None and not t:

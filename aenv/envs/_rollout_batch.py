@@ -102,8 +102,6 @@ class _BatchRows(_TimeRows):
         self.in_start = self.in_end = 0
         self.in_rows: list[tuple[torch.Tensor, ...]] = []
         self.steps = next(iter(rewards.values())).shape[0]
-        self.batch = first.batch_size
-        self.device = first.device
         # per key of a step's "next" (and of a next input): its rows (numpy views), and the
         # shape and dtype of one row
         self.carried_plan = [

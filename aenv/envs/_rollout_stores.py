@@ -141,6 +141,7 @@ class _TimeRows:
         self.truncate = False
         self.saved: dict[int, list[tuple[str, np.ndarray]]] = {}
         self.shared_np = [(key, leaf.numpy()) for key, leaf in shared.items()]
+        self.batch, self.device = first.batch_size, first.device  # (a step input's)
         size, dev = torch.Size((steps,)), first.device
 
         def td(entries: dict[str, Any]) -> TensorDictBase:
@@ -172,9 +173,9 @@ class _TimeRows:
             self.root_keys = frozenset((*carried, *actions))
             self.lean = [(key, specs[key].shape, specs[key].dtype) for key in actions]
             self.given: dict[str, list[torch.Tensor]] = {key: [] for key in actions}
-            self.views: list[tuple[torch.Tensor, ...]] = []  # per row: its carried views
+            self.views: list[dict[str, torch.Tensor]] = []  # per row: its carried views
             self.view_start = self.view_end = 0
-            self.current: tuple[torch.Tensor, ...] | None = None  # the views handed out last
+            self.current: dict[str, torch.Tensor] | None = None  # the views handed out last
 
     @staticmethod
     def make(
@@ -226,18 +227,26 @@ class _TimeRows:
         views as they were made (a policy writing other keys, or replacing an observation,
         hands over to TensorDicts, before the step); actions of another shape or dtype go
         through the env's action checks (cast in place, or refused)."""
-        if type(td) is not TensorDict or td._tensordict.keys() != self.root_keys:
+        if type(td) is not TensorDict:
             raise _Fallback
         src = td._tensordict
         made = self.current
-        if made is not None:
-            for key, view in zip(self.carried, made, strict=True):
-                if src[key] is not view:
+        if made is None:  # (the first step's input: from the reset)
+            if src.keys() != self.root_keys:
+                raise _Fallback
+        else:
+            # (as many keys as planned, the views handed out and the actions: the planned)
+            if len(src) != len(self.root_keys):
+                raise _Fallback
+            for key, view in made.items():
+                if src.get(key) is not view:
                     raise _Fallback
         env = self.env
         for key, shape, dtype in self.lean:
-            value = src[key]
+            value = src.get(key)
             if type(value) is not torch.Tensor or value.shape != shape or value.dtype != dtype:
+                if value is None:
+                    raise _Fallback  # (the TensorDicts' step says what is missing)
                 env._check_actions(td)
                 break
         if env.run_type_checks:
@@ -266,15 +275,12 @@ class _TimeRows:
         row = t + 1
         if row >= self.view_end:
             self.view_start, self.view_end = row, row + self.BLOCK
-            columns = [self.shared[key][row : self.view_end].unbind(0) for key in self.carried]
-            self.views = list(zip(*columns, strict=True))
+            carried = self.carried
+            columns = [self.shared[key][row : self.view_end].unbind(0) for key in carried]
+            self.views = [dict(zip(carried, views)) for views in zip(*columns)]
         views = self.current = self.views[row - self.view_start]
-        return TensorDict._new_unsafe(
-            dict(zip(self.carried, views, strict=True)),
-            td.batch_size,
-            td.device,  # type: ignore[arg-type]
-            nested=False,
-        )
+        # (the dict is copied in: the policy's writes leave it as made)
+        return TensorDict._new_unsafe(views, self.batch, self.device, nested=False)  # type: ignore[arg-type]
 
     def set_truncated(self) -> None:
         """Mark the last step truncated (and done)."""

@@ -586,3 +586,48 @@ async def test_random_rollout_actions_come_from_the_specs_draws():
     first = spec.rand((16,))
     second = spec.rand((24,))
     assert torch.equal(out["action"], torch.cat([first, second]))
+
+
+def _bad_action_policy(bad):
+    # a one-hot CartPole policy that, from its fourth call on, gives the action ``bad``
+    # makes (None: writes a key of its own instead of the action)
+    calls = [0]
+
+    def policy(td):
+        calls[0] += 1
+        idx = (td.get("observation")[2] > 0).long()
+        action = torch.nn.functional.one_hot(idx, 2)
+        if calls[0] <= 3:
+            td.set("action", action)
+        elif bad is None:
+            td.set("other", action)
+        else:
+            td.set("action", bad(action))
+        return td
+
+    return policy
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (None, "action key 'action' is missing"),
+        (lambda a: torch.cat([a, a]), r"action 'action' has shape \(4,\), expected \(2,\)"),
+        (lambda a: a[None], r"action 'action' has shape \(1, 2\), expected \(2,\)"),
+    ],
+)
+async def test_a_policy_step_the_rows_cannot_take_fails_as_with_tensordicts(bad, match):
+    # time rows hand such a step to TensorDicts: the same error as the default hooks give,
+    # naming the key and the spec, after the same steps
+    from aenv.exceptions import SpecViolationError
+
+    errors = []
+    for hooks in (_default_hooks, _overridden_hooks):
+        env = hooks(GymEnv("CartPole-v1"))
+        await env.set_seed(0)
+        with pytest.raises(SpecViolationError, match=match) as info:
+            await env.rollout(10, _bad_action_policy(bad), break_when_any_done=False)
+        errors.append(str(info.value))
+        assert "OneHot" in errors[-1] or bad is None
+        await env.aclose()
+    assert errors[0] == errors[1]
