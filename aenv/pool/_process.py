@@ -591,8 +591,14 @@ class ProcessBackend(ClosingMixin, Backend):
                 if w.bell is None or w.bell.taken != seq:
                     drained = False
             self._drained = drained
+        # (one reply per call: the workers rung for it answer together)
+        replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
-            entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+            entries = replies.get(seq)
+            if entries is None:
+                entries = replies[seq] = []
+            entries += [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+        for seq, entries in replies.items():
             if entries:
                 self._on_batch_reply(seq, entries)
 
