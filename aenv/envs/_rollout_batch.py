@@ -103,9 +103,10 @@ class _BatchRows(_TimeRows):
         self.plain = plain
         self.in_keys = [*carried, *actions]
         self.in_leaves = [*(shared[key] for key in carried), *self.action_rows.values()]
-        self.in_start = self.in_end = 0
-        #: per input key, its row views from in_start to in_end (None: not made yet)
-        self.in_cols: list[tuple[torch.Tensor, ...] | None] = []
+        #: per input key, the first row of its block of row views and the views; the
+        #: size of its next block
+        self.in_cols: list[tuple[int, tuple[torch.Tensor, ...]]] = [(0, ())] * len(self.in_keys)
+        self.in_sizes = [1] * len(self.in_keys)
         self.steps = next(iter(rewards.values())).shape[0]
         self.batch = first.batch_size
         self.device = first.device
@@ -164,19 +165,22 @@ class _BatchRows(_TimeRows):
         return self._in_row(t, len(self.carried))
 
     def _in_row(self, t: int, first: int) -> dict[str, torch.Tensor]:
-        """Row ``t``'s views of the input keys from ``first`` on; each key's views are
-        made a block at a time, when first asked for (a rollout that overlaps its steps
-        asks for the actions only, while its steps go on)."""
-        if not self.in_start <= t < self.in_end:
-            self.in_start, self.in_end = t, t + self.BLOCK
-            self.in_cols = [None] * len(self.in_keys)
-        cols, at = self.in_cols, t - self.in_start
+        """Row ``t``'s views of the input keys from ``first`` on. Each key's views are made
+        a block of rows at a time, when first asked for, the blocks doubling up to
+        :attr:`BLOCK` rows (a rollout that overlaps its steps asks for the actions at
+        every step, for the rest only where a step is not sent ahead: its first)."""
+        cols, sizes, keys = self.in_cols, self.in_sizes, self.in_keys
         out = {}
         for k in range(first, len(cols)):
-            col = cols[k]
-            if col is None:
-                col = cols[k] = self.in_leaves[k][self.in_start : self.in_end].unbind(0)
-            out[self.in_keys[k]] = col[at]
+            start, views = cols[k]
+            at = t - start
+            if not 0 <= at < len(views):
+                size = sizes[k]
+                sizes[k] = min(2 * size, self.BLOCK)
+                views = self.in_leaves[k][t : t + size].unbind(0)
+                cols[k] = (t, views)
+                at = 0
+            out[keys[k]] = views[at]
         return out
 
     async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
