@@ -56,12 +56,12 @@ import struct
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -177,8 +177,8 @@ class _Batch(BatchCall):
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
 
-    async def wait(self) -> Stacked | list[Any]:
-        return await self.backend._finish(self)
+    def wait(self) -> Coroutine[Any, Any, Stacked | list[Any]]:
+        return self.backend._finish(self)  # (awaited by the caller: no frame of its own)
 
     def abandon(self) -> None:
         self.backend._give_up(self)
@@ -809,7 +809,7 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        if not isinstance(inputs, TensorDictBase):
+        if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
             assert indices is not None
             return self._send_payloads(op, indices, inputs, step_timeout)
         stacked = self._stacked
