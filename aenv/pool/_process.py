@@ -944,8 +944,10 @@ class ProcessBackend(ClosingMixin, Backend):
             if after.bank == batch.bank:  # (a worker carries from the other bank only)
                 self._stacked[batch.bank].carry(*carry)  # type: ignore[index]
                 carry = None
-        with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
+        try:
             self._send_stacked(batch, step_timeout, carry)
+        except Exception:  # (abandoned there: it was not sent)
+            pass
 
     def _stacked_call(self, op: str, bank: int, indices: Sequence[int] | None = None) -> _Batch:
         n = self._stacked[bank].n  # type: ignore[index]
