@@ -13,8 +13,11 @@ stacked rows, overlapping consecutive steps where the backend can.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -50,17 +53,18 @@ class BatchStepper:
 
     async def step(
         self,
-        td: TensorDictBase,
+        inputs: Callable[[], TensorDictBase],
         reset: bool,
         ahead: TensorDictBase | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
-        """Step the whole batch from ``td`` (actions checked already), resetting what the
-        step ended when ``reset``. A stepper that overlaps steps may start the next one
-        (``ahead``: its actions; ``ahead_reset``: whether it resets what it ends) before
-        returning, when this one went well."""
+        """Step the whole batch from the input ``inputs()`` makes (actions checked
+        already; made only where read), resetting what the step ended when ``reset``. A
+        stepper that overlaps steps may start the next one (``ahead``: its actions;
+        ``ahead_reset``: whether it resets what it ends) before returning, when this one
+        went well."""
         env = self.env
-        td = await env._step_checked(td, False)
+        td = await env._step_checked(inputs(), False)
         nxt = td.get("next")
         if not reset:
             return td, nxt, None, None
@@ -99,8 +103,11 @@ class _BatchRows(_TimeRows):
         self.stepper = stepper
         self.plain = plain
         self.in_keys = [*carried, *actions]
-        self.in_start = self.in_end = 0
-        self.in_rows: list[tuple[torch.Tensor, ...]] = []
+        self.in_leaves = [*(shared[key] for key in carried), *self.action_rows.values()]
+        #: per input key, the first row of its block of row views and the views; the
+        #: size of its next block
+        self.in_cols: list[tuple[int, tuple[torch.Tensor, ...]]] = [(0, ())] * len(self.in_keys)
+        self.in_sizes = [1] * len(self.in_keys)
         self.steps = next(iter(rewards.values())).shape[0]
         # per key of a step's "next" (and of a next input): its rows (numpy views), and the
         # shape and dtype of one row
@@ -150,28 +157,37 @@ class _BatchRows(_TimeRows):
     def _inputs(self, t: int) -> dict[str, torch.Tensor]:
         """Random step ``t``'s input: views of row ``t`` (made a block of rows at a time:
         indexing a tensor costs more than the rest of the step's bookkeeping)."""
-        return dict(zip(self.in_keys, self._in_row(t), strict=True))
+        return self._in_row(t, 0)
 
     def _actions(self, t: int) -> dict[str, torch.Tensor]:
         """Step ``t``'s random actions alone (views of their rows, as :meth:`_inputs`)."""
-        n = len(self.carried)
-        return dict(zip(self.in_keys[n:], self._in_row(t)[n:], strict=True))
+        return self._in_row(t, len(self.carried))
 
-    def _in_row(self, t: int) -> tuple[torch.Tensor, ...]:
-        if not self.in_start <= t < self.in_end:
-            end = t + self.BLOCK
-            self.in_start, self.in_end = t, end
-            columns = [self.shared[key][t:end].unbind(0) for key in self.carried]
-            columns += [leaf[t:end].unbind(0) for leaf in self.action_rows.values()]
-            self.in_rows = list(zip(*columns))  # (as long as the action rows go)
-        return self.in_rows[t - self.in_start]
+    def _in_row(self, t: int, first: int) -> dict[str, torch.Tensor]:
+        """Row ``t``'s views of the input keys from ``first`` on. Each key's views are made
+        a block of rows at a time, when first asked for, the blocks doubling up to
+        :attr:`BLOCK` rows (a rollout that overlaps its steps asks for the actions at
+        every step, for the rest only where a step is not sent ahead: its first)."""
+        cols, sizes, keys = self.in_cols, self.in_sizes, self.in_keys
+        out = {}
+        for k in range(first, len(cols)):
+            start, views = cols[k]
+            at = t - start
+            if not 0 <= at < len(views):
+                size = sizes[k]
+                sizes[k] = min(2 * size, self.BLOCK)
+                views = self.in_leaves[k][t : t + size].unbind(0)
+                cols[k] = (t, views)
+                at = 0
+            out[keys[k]] = views[at]
+        return out
 
     async def step(self, td: TensorDictBase, t: int, reset: bool) -> tuple[TensorDictBase, bool]:
         env = self.env
         if env._closed:
             env._check_open()
         if self.draws is not None:
-            inputs = self._row(t, self._inputs)
+            inputs = functools.partial(self._row, t, self._inputs)
             ahead = None
             if self.stepper.overlaps and reset and t + 1 < self.drawn:
                 # the next step's random actions are drawn already: it may start as soon
@@ -182,8 +198,8 @@ class _BatchRows(_TimeRows):
             )
         else:
             self._check_policy_input(td)
-            inputs = td
-            stepped, nxt, following, mask = await self.stepper.step(td, reset)
+            inputs = functools.partial(_same, td)
+            stepped, nxt, following, mask = await self.stepper.step(inputs, reset)
             src = td._tensordict
             for key, values in self.given.items():
                 values.append(src[key])
@@ -242,11 +258,14 @@ class _BatchRows(_TimeRows):
         if given is not None:
             self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
             flags = None if mask is None else mask.numpy()
-            for (_, rows, _, _), leaf in zip(self.carried_plan, given):
+            for (_, rows, shape, _), leaf in zip(self.carried_plan, given):
                 if flags is None:
                     rows[row] = leaf
                 else:
-                    rows[row][flags] = leaf[flags]
+                    # (the flagged envs' rows: a masked copy costs a third of indexing
+                    # both sides with the flags)
+                    where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim))
+                    np.copyto(rows[row], leaf, where=where)
         return True
 
     def _leaves(
@@ -295,7 +314,7 @@ class _BatchRows(_TimeRows):
 
     def _hand_over(
         self,
-        inputs: TensorDictBase,
+        inputs: Callable[[], TensorDictBase],
         stepped: TensorDictBase | None,
         nxt: TensorDictBase,
         following: TensorDictBase | None,
@@ -306,7 +325,7 @@ class _BatchRows(_TimeRows):
         would have kept it (its input with ``"next"``, and the next input)."""
         if stepped is None:
             # (a pool's results may be its backend's rows: kept, so copied)
-            stepped = inputs.clone()
+            stepped = inputs().clone()
             stepped.set("next", nxt.clone())
         next_input = None
         if reset:
@@ -344,6 +363,10 @@ class _BatchRows(_TimeRows):
             for step in self.finish().unbind(len(self.batch)):
                 store.steps.append(step)
         return store
+
+
+def _same(td: TensorDictBase) -> TensorDictBase:
+    return td
 
 
 def _time_last(td: TensorDictBase, dims: int, batch: torch.Size) -> TensorDictBase:

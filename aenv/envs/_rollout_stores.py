@@ -294,10 +294,16 @@ class _TimeRows:
                 entries[key] = self.rewards[key][:n]
             else:
                 entries[key] = self.shared[key][1 : n + 1].clone()
+        # (the rows kept aside at episode ends, put back through numpy: a row written
+        # into a tensor costs several times a numpy array's)
+        arrays: dict[str, np.ndarray] = {}
         for t, saved in self.saved.items():
             if t < n:
                 for key, value in saved:
-                    entries[key][t] = torch.from_numpy(value)
+                    rows = arrays.get(key)
+                    if rows is None:
+                        rows = arrays[key] = entries[key].numpy()
+                    rows[t] = value
         if self.truncate:
             for key in self.env.done_keys:
                 if unravel(key)[-1] in ("truncated", "done"):

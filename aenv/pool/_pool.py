@@ -472,11 +472,16 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         keys are all there and it runs no type checks, completing the stack again would
         rebuild the same flags. ``owned`` False: ``nxt`` is a backend's rows (see
         :class:`~aenv.pool._backend.Stacked`), copied before anything is completed in it."""
+        if self._stack_complete(nxt):
+            return nxt
+        return self._step_proc_data(nxt if owned else fast_clone(nxt), td)
+
+    def _stack_complete(self, nxt: TensorDictBase) -> bool:
+        """Whether :meth:`_stacked_proc_data` leaves ``nxt`` as it is (see there)."""
         if not self.run_type_checks and type(nxt) is TensorDict:
             has = nxt._tensordict.__contains__
-            if all(map(has, self.done_keys)) and all(map(has, self.reward_keys)):
-                return nxt
-        return self._step_proc_data(nxt if owned else fast_clone(nxt), td)
+            return all(map(has, self.done_keys)) and all(map(has, self.reward_keys))
+        return False
 
     def _merge_resets(self, td: TensorDictBase, reset: TensorDictBase, mask: torch.Tensor) -> None:
         """:meth:`_write_resets` for stacked reset results: the rows ``mask`` flags (new

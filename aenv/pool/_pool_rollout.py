@@ -19,6 +19,7 @@ leaves them (the last step is never chained past).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDictBase
@@ -52,27 +53,36 @@ class PoolStepper(BatchStepper):
 
     async def step(
         self,
-        td: TensorDictBase,
+        inputs: Callable[[], TensorDictBase],
         reset: bool,
         ahead: TensorDictBase | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
         pool = self.pool
         op = _SMR if reset else "step"
+        # (the input is only made where it is read: a step sent ahead has its inputs in
+        # the backend's rows already)
+        td = None
         if self.call is None:
+            td = inputs()
             pool._check_open()
             pool._check_batch(td)
         if self.overlaps:
             out = await self._overlapped(op, td, ahead, _SMR if ahead_reset else "step")
         else:
+            assert td is not None
             out = await pool._run_batch(op, td)
         if isinstance(out, Stacked):
             # (the rollout copies the results into its time rows: the backend's rows are
             # read as they are, see Stacked)
-            nxt = pool._stacked_proc_data(out.next, td, out.owned)
+            nxt = out.next
+            if not pool._stack_complete(nxt):
+                nxt = pool._stacked_proc_data(nxt, inputs() if td is None else td, out.owned)
             if not reset:
                 return None, nxt, None, None
             return None, nxt, out.reset, out.reset_mask
+        if td is None:
+            td = inputs()
         if out is None:  # (nothing started: the pool's per-env path)
             if not reset:
                 td = await pool.step(td)
@@ -85,7 +95,7 @@ class PoolStepper(BatchStepper):
         return td, td.get("next"), following if reset else None, None
 
     async def _overlapped(
-        self, op: str, td: TensorDictBase, ahead: TensorDictBase | None, ahead_op: str
+        self, op: str, td: TensorDictBase | None, ahead: TensorDictBase | None, ahead_op: str
     ) -> Stacked | list[Any] | None:
         """Step ``td`` on the backend's banks (the call sent ahead for it, if any), and
         chain the next step (``ahead``) to it. None: nothing started."""
@@ -93,6 +103,7 @@ class PoolStepper(BatchStepper):
         timeout = pool.step_timeout
         call, self.call = self.call, None
         if call is None:
+            assert td is not None
             await pool._hold_all()
             self.held = True
             call = backend.launch(op, td, timeout, bank=self.bank)

@@ -56,12 +56,12 @@ import struct
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -132,6 +132,7 @@ class _Batch(BatchCall):
         "after",
         "backend",
         "bank",
+        "blocks",
         "future",
         "indices",
         "left",
@@ -139,6 +140,7 @@ class _Batch(BatchCall):
         "outcomes",
         "picked",
         "raw",
+        "resets",
         "sent",
         "stepping",
         "then",
@@ -163,6 +165,10 @@ class _Batch(BatchCall):
         self.timer: asyncio.TimerHandle | None = None
         self.bank = 0
         self.sent = False
+        #: once complete, a stacked call's: whether every env answered in the blocks, and
+        #: which envs the step reset (see :meth:`in_blocks`, :meth:`reset_flags`)
+        self.blocks: bool | None = None
+        self.resets: list[bool] | None = None
         #: a masked stacked call: the envs it steps, in the caller's order (None: every env)
         self.picked: Sequence[int] | None = None
         self.stepping: frozenset[int] | None = None
@@ -171,18 +177,32 @@ class _Batch(BatchCall):
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
 
-    async def wait(self) -> Stacked | list[Any]:
-        return await self.backend._finish(self)
+    def wait(self) -> Coroutine[Any, Any, Stacked | list[Any]]:
+        return self.backend._finish(self)  # (awaited by the caller: no frame of its own)
 
     def abandon(self) -> None:
         self.backend._give_up(self)
 
     def in_blocks(self) -> bool:
-        """Whether every env answered with its results in the blocks (a stacked call)."""
-        for outcome in self.outcomes:
-            if type(outcome) is not tuple or outcome[1] != SLOT:
-                return False
-        return True
+        """Whether every env answered with its results in the blocks (a stacked call
+        complete: looked at once, by the call chained to it and by its waiter)."""
+        blocks = self.blocks
+        if blocks is None:
+            blocks = True
+            for outcome in self.outcomes:
+                if type(outcome) is not tuple or outcome[1] != SLOT:
+                    blocks = False
+                    break
+            if not self.left:
+                self.blocks = blocks
+        return blocks
+
+    def reset_flags(self) -> list[bool]:
+        """Per env, whether the step reset it (a stacked call complete in the blocks)."""
+        resets = self.resets
+        if resets is None:
+            resets = self.resets = [bool(o[2]) for o in self.outcomes]
+        return resets
 
     def store(self, pos: int, outcome: Any) -> None:
         self.outcomes[pos] = outcome
@@ -591,8 +611,14 @@ class ProcessBackend(ClosingMixin, Backend):
                 if w.bell is None or w.bell.taken != seq:
                     drained = False
             self._drained = drained
+        # (one reply per call: the workers rung for it answer together)
+        replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
-            entries = [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+            entries = replies.get(seq)
+            if entries is None:
+                entries = replies[seq] = []
+            entries += [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+        for seq, entries in replies.items():
             if entries:
                 self._on_batch_reply(seq, entries)
 
@@ -783,7 +809,7 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        if not isinstance(inputs, TensorDictBase):
+        if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
             assert indices is not None
             return self._send_payloads(op, indices, inputs, step_timeout)
         stacked = self._stacked
@@ -891,8 +917,8 @@ class ProcessBackend(ClosingMixin, Backend):
         copy = self._copiers[bank]
         if batch.op == "step":
             return Stacked(nxt, owned=owned, copy=copy)
-        flags = [bool(o[2]) for o in batch.outcomes]
-        if not any(flags):
+        flags = batch.reset_flags()
+        if True not in flags:
             return Stacked(nxt, owned=owned, copy=copy)
         mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
         reset = stacked.rows("reset") if not owned else stacked.read("reset")
@@ -913,13 +939,15 @@ class ProcessBackend(ClosingMixin, Backend):
         if self._stacked[batch.bank].partial:  # type: ignore[index]
             # only the actions were staged: the rest is what ``after`` gave, carried over
             # by the workers rung (each for its envs) and here for the others
-            resets = [bool(o[2]) for o in after.outcomes] if after.op != "step" else None
+            resets = after.reset_flags() if after.op != "step" else None
             carry = (self._stacked[after.bank], resets)  # type: ignore[index]
             if after.bank == batch.bank:  # (a worker carries from the other bank only)
                 self._stacked[batch.bank].carry(*carry)  # type: ignore[index]
                 carry = None
-        with contextlib.suppress(Exception):  # (abandoned there: it was not sent)
+        try:
             self._send_stacked(batch, step_timeout, carry)
+        except Exception:  # (abandoned there: it was not sent)
+            pass
 
     def _stacked_call(self, op: str, bank: int, indices: Sequence[int] | None = None) -> _Batch:
         n = self._stacked[bank].n  # type: ignore[index]

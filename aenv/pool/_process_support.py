@@ -239,12 +239,15 @@ def weak_callback(method: Callable[..., Any], *args: Any) -> Callable[[], None]:
     """A loop callback calling the bound ``method`` through a weak reference: the loop's
     registration (a reader on a worker's socket) does not keep a backend alive, so one
     dropped without ``aclose()`` is collected and its finalizer ends its workers."""
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    # (the instance by a weak reference, the function as it is: a weakref.WeakMethod
+    # would build a bound method on every call)
+    ref = weakref.ref(method.__self__)  # type: ignore[attr-defined]
+    func = method.__func__  # type: ignore[attr-defined]
 
     def call() -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*args)
+        obj = ref()
+        if obj is not None:
+            func(obj, *args)
 
     return call
 
