@@ -327,27 +327,28 @@ class StreamMixin(_Dispatcher):
         return nxt_input
 
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
-        envs = [it[0] for it in items]
+        # the columns of the items, transposed in C
+        envs, outcomes, tickets = zip(*items)
         arr = np.array(envs, dtype=np.int64)
         idx = torch.from_numpy(arr)
         if self._sub_batch:
             idx = idx.reshape(-1, *([1] * len(self._sub_batch))).expand(-1, *self._sub_batch)
         if op == "reset":
-            out = stack_results([it[1] for it in items], self._lazy)
+            out = stack_results(outcomes, self._lazy)
             out.set("env_index", idx)
             return out
         rows: StreamRows | None = self.__dict__.get("_stream_rows")
         if op == "step" and not self._lazy:
-            sents = [t.payload for _, _, t in items]
+            sents = [t.payload for t in tickets]
             if rows is not None and rows.release(envs, sents):
                 # the inputs straight from their rows: one index per entry
-                nxt = stack_results([it[1] for it in items], False)
+                nxt = stack_results(outcomes, False)
                 return rows.gather(arr, {"next": nxt, "env_index": idx})
             if sents[0].get("next", None) is None:
                 # the inputs and their "next" stacked apart, then joined once: no
                 # per-result write into each input (thousands per call at a big pool)
                 out = stack_results(sents, False)
-                out.set("next", stack_results([it[1] for it in items], False))
+                out.set("next", stack_results(outcomes, False))
                 out.set("env_index", idx)
                 return out
         stepped = []
