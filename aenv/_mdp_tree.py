@@ -269,11 +269,13 @@ def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None
     batch = first.batch_size
     dicts = []
     for td in tds:
+        # (a plain TensorDict's own fields, not its properties: this runs once per env
+        # of a streamed receive, hundreds at a time)
         if (
             type(td) is not TensorDict
             or len(td._tensordict) != width
-            or td.device != device
-            or td.batch_size != batch
+            or td._device != device
+            or td._batch_size != batch
         ):
             return None
         dicts.append(td._tensordict)

@@ -435,9 +435,17 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             raise TypeError(
                 f"{type(self).__name__}._step must return a TensorDict, got {type(next_td).__name__}"
             )
-        extra = self._extra_dims(input_td)
+        # (every step of every env passes here: the batch-locked case and a plain
+        # TensorDict's string keys read without a call)
+        extra = _NO_DIMS if self._batch_locked else self._extra_dims(input_td)
+        plain = type(next_td) is TensorDict
         for key, zero in self._reward_zero.items():
-            if entry(next_td, key) is None:
+            got = (
+                next_td._tensordict.get(key)
+                if plain and type(key) is str
+                else next_td.get(key, None)
+            )
+            if got is None:
                 next_td.set(
                     key, zero.expand(*extra, *zero.shape).clone() if extra else zero.clone()
                 )

@@ -138,7 +138,11 @@ class _Ready:
     def append(self, item: tuple[int, Any, _Ticket]) -> None:
         cell = [item]
         self._cells.append(cell)
-        self._file(item[0], cell, False)
+        by_env, env = self._by_env, item[0]
+        if env in by_env:
+            self._file(env, cell, False)
+        else:  # (the usual case: the env's one waiting result)
+            by_env[env] = cell
         self._count += 1
 
     def _file(self, env: int, cell: list[Any], first: bool) -> None:
@@ -172,13 +176,24 @@ class _Ready:
         self._count -= 1
         return item  # type: ignore[no-any-return]
 
-    def popleft(self) -> tuple[int, Any, _Ticket]:
-        """The oldest waiting result (the queue is not empty)."""
-        cells = self._cells
-        cell = cells.popleft()
-        while cell[0] is None:  # (taken by env already)
+    def pop_oldest(self, k: int) -> list[tuple[int, Any, _Ticket]]:
+        """The ``k`` oldest waiting results, oldest first (at least ``k`` are waiting): one
+        call for all of them, as a receive at a pool of thousands takes hundreds at once."""
+        cells, by_env = self._cells, self._by_env
+        out: list[tuple[int, Any, _Ticket]] = []
+        for _ in range(k):
             cell = cells.popleft()
-        return self.take(cell[0][0])  # (the env's oldest is this one: same order)
+            while cell[0] is None:  # (taken by env already)
+                cell = cells.popleft()
+            item = cell[0]
+            if by_env[item[0]] is cell:  # (the usual case: the env's one waiting result)
+                del by_env[item[0]]
+                cell[0] = None
+                self._count -= 1
+                out.append(item)
+            else:  # (the oldest of the env's several: this one, same order)
+                out.append(self.take(item[0]))
+        return out
 
     def put_back(self, items: list[tuple[int, Any, _Ticket]]) -> None:
         """Return ``items`` (taken oldest first, in that order) to the front."""
@@ -238,6 +253,8 @@ class _Dispatcher:
     # ------------------------------------------------------------------ slots
     def _check_free(self, indices: Sequence[int]) -> None:
         tickets = self._tickets
+        if not any(map(tickets.__getitem__, indices)):  # (all free: one pass in C)
+            return
         for i in indices:
             if tickets[i] is not None:
                 raise EnvBusyError(
@@ -351,7 +368,8 @@ class _Dispatcher:
         else:
             self._streaming[t.op] -= 1
             self._ready[t.op].append((i, outcome, t))
-            self._wake(t.op, i)
+            if self._recv_waiters[t.op]:  # (usually none: the receiver was woken already)
+                self._wake(t.op, i)
         if self._waiting:
             self._pump()
 

@@ -13,9 +13,9 @@ import inspect
 from collections.abc import Coroutine
 from typing import Any
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp import entry, getter, with_next
+from aenv._mdp import getter, with_next
 from aenv.envs._common import EnvBase
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "execute",
     "execute_inline",
     "lean_inline",
+    "lean_step_ok",
     "runs_inline",
     "step_rows",
 ]
@@ -36,20 +37,22 @@ _SMR = EnvBase.step_and_maybe_reset
 _SEED = EnvBase.set_seed
 
 
-def _lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
-    # The pool checked batch size and actions against its stacked specs already; an env
-    # that keeps EnvBase.step and does no type checks can skip straight to _step.
-    # (read on every step of a streamed env: the mask from the entry dict where it can)
+def lean_step_ok(env: EnvBase, td: TensorDictBase) -> bool:
+    """Whether a step of ``env`` on ``td`` may go straight to its step hook: the pool
+    checked batch size and actions against its stacked specs already, and an env that
+    keeps EnvBase.step, runs no type checks and gets no ``"_step"`` mask needs no more."""
+    # (read on every step of a streamed env: the mask from the entry dict, without a call)
     return (
         type(env).step is _STEP
         and not env.run_type_checks
         and not env._closed
-        and entry(td, "_step") is None
+        and (td._tensordict.get("_step") if type(td) is TensorDict else td.get("_step", None))
+        is None
     )
 
 
 async def _step(env: EnvBase, td: TensorDictBase) -> TensorDictBase:
-    if _lean_step_ok(env, td):
+    if lean_step_ok(env, td):
         out = await env._step_into(td, None)
         assert not isinstance(out, bool)
         return out
@@ -64,7 +67,7 @@ async def _step_and_maybe_reset(
         # A custom composite: honour it, keep its "next".
         stepped, reset = await env.step_and_maybe_reset(td)
         return stepped.get("next"), reset
-    if _lean_step_ok(env, td):
+    if lean_step_ok(env, td):
         lean_next, lean_reset = await step_rows(env, "step_and_maybe_reset", td)
         assert not isinstance(lean_next, bool) and not isinstance(lean_reset, bool)
         return lean_next, lean_reset
@@ -120,13 +123,13 @@ def _any_done(env: EnvBase, nxt: TensorDictBase) -> bool:
 
 def lean_inline(env: EnvBase, op: str, payload: TensorDictBase) -> bool:
     """Whether ``op`` (a step, or a step-and-maybe-reset the env does not customise) may
-    call the env's ``_step`` directly (see :func:`_lean_step_ok`)."""
+    call the env's ``_step`` directly (see :func:`lean_step_ok`)."""
     if op == "step":
-        return _lean_step_ok(env, payload)
+        return lean_step_ok(env, payload)
     return (
         op == "step_and_maybe_reset"
         and type(env).step_and_maybe_reset is _SMR
-        and _lean_step_ok(env, payload)
+        and lean_step_ok(env, payload)
     )
 
 

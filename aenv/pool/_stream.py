@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import numbers
 from collections.abc import AsyncIterator, Callable, Sequence
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import anyio
@@ -66,25 +68,27 @@ class StreamMixin(_Dispatcher):
             raise ValueError(f"an env index appears twice in one send: {indices}")
         self._check_free(indices)
         rows = self._rows_for(op)
-        subs = self._split_send(td, indices, single, rows)
-        staged = [rows is not None and rows.owns(i, sub) for i, sub in zip(indices, subs)]
+        subs, staged = self._split_send(td, indices, single, rows)
         # the inputs are checked as pool.step checks them, before anything is sent; a row
         # was filled only from entries of the specs' shapes and dtypes (StreamRows.stage),
-        # so the type checks are all that is left to run on it
-        check = subs if self.run_type_checks else [None if s else x for s, x in zip(staged, subs)]
-        check_sub_inputs(self, op, indices, check)
+        # so the type checks are all that is left to run on it (nothing, without them)
+        if self.run_type_checks:
+            check_sub_inputs(self, op, indices, subs)
+        elif not all(staged):
+            check_sub_inputs(self, op, indices, [None if s else x for s, x in zip(staged, subs)])
+        streaming, enqueue = self._streaming, self._enqueue
+        pending = rows.pending if rows is not None else None
         for i, sub, row in zip(indices, subs, staged):
-            payload: Any = (sub, {}) if op == "reset" else sub
-            t = _Ticket(i, op, payload, None, 0)
-            self._streaming[op] += 1
+            t = _Ticket(i, op, (sub, {}) if op == "reset" else sub, None, 0)
+            streaming[op] += 1
             if row:
-                rows.pending[i] = 1  # type: ignore[union-attr]
+                pending[i] = 1  # type: ignore[index]
             try:
-                self._enqueue(t)
+                enqueue(t)
             except BaseException:
-                self._streaming[op] -= 1
+                streaming[op] -= 1
                 if row:
-                    rows.pending[i] = 0  # type: ignore[union-attr]
+                    pending[i] = 0  # type: ignore[index]
                 raise
 
     def _rows_for(self, op: str) -> StreamRows | None:
@@ -123,9 +127,9 @@ class StreamMixin(_Dispatcher):
         else:
             idx = _as_indices(env_index)
             single = False
-        for i in idx:
-            if not 0 <= i < n:
-                raise IndexError(f"env index {i} out of range for a pool of {n} envs")
+        if idx and (min(idx) < 0 or max(idx) >= n):  # (the bounds in C; the culprit named)
+            bad = next(i for i in idx if not 0 <= i < n)
+            raise IndexError(f"env index {bad} out of range for a pool of {n} envs")
         if td is None:
             return idx, single
         if single:
@@ -147,24 +151,28 @@ class StreamMixin(_Dispatcher):
         indices: list[int],
         single: bool,
         rows: StreamRows | None,
-    ) -> list[TensorDictBase | None]:
+    ) -> tuple[list[TensorDictBase | None], list[bool]]:
         """Each env's input: its row where ``rows`` takes the send, else its own
-        TensorDict (a slice of ``td``)."""
+        TensorDict (a slice of ``td``); and for each, whether it is its row."""
         if td is None:
-            return [None] * len(indices)
+            return [None] * len(indices), [False] * len(indices)
         staged = rows.stage(td, indices, single) if rows is not None else None
-        if staged is not None and all(sub is not None for sub in staged):
-            return staged  # type: ignore[return-value]
+        if staged is not None and all(map(is_not, staged, repeat(None))):
+            return staged, [True] * len(staged)
         if single:
-            return [td]
+            return [td], [False]
         subs: list[TensorDictBase | None]
         if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
             subs = list(td.tensordicts)
         else:
             subs = list(unbind0(td))
-        if staged is not None:  # the envs whose rows are still pending get their own
-            subs = [own if row is None else row for row, own in zip(staged, subs)]
-        return subs
+        if staged is None:
+            return subs, [False] * len(subs)
+        # the envs whose rows are still pending get their own
+        return (
+            [own if row is None else row for row, own in zip(staged, subs)],
+            [row is not None for row in staged],
+        )
 
     # ------------------------------------------------------------------ receive
     async def async_step_recv(
@@ -301,13 +309,13 @@ class StreamMixin(_Dispatcher):
             items = [ready.take(env_index)]
         else:
             take = len(ready) if max_get is None else min(max_get, len(ready))
-            items = [ready.popleft() for _ in range(take)]
+            items = ready.pop_oldest(take)
         for k, item in enumerate(items):
             if isinstance(item[1], Failure):
                 ready.put_back(items[:k] + items[k + 1 :])
                 rows = self.__dict__.get("_stream_rows")
                 if rows is not None:
-                    rows.release(item[0], item[2].payload)
+                    rows.release((item[0],), (item[2].payload,))
                 raise item[1].exc
         return self._stack_stream(op, items)
 
@@ -319,27 +327,28 @@ class StreamMixin(_Dispatcher):
         return nxt_input
 
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
-        arr = np.array([it[0] for it in items], dtype=np.int64)
+        # the columns of the items, transposed in C
+        envs, outcomes, tickets = zip(*items)
+        arr = np.array(envs, dtype=np.int64)
         idx = torch.from_numpy(arr)
         if self._sub_batch:
             idx = idx.reshape(-1, *([1] * len(self._sub_batch))).expand(-1, *self._sub_batch)
         if op == "reset":
-            out = stack_results([it[1] for it in items], self._lazy)
+            out = stack_results(outcomes, self._lazy)
             out.set("env_index", idx)
             return out
         rows: StreamRows | None = self.__dict__.get("_stream_rows")
         if op == "step" and not self._lazy:
-            sents = [t.payload for _, _, t in items]
-            # (every row released, intact or not: a list, not all()'s early stop)
-            if rows is not None and all([rows.release(i, t.payload) for i, _, t in items]):
+            sents = [t.payload for t in tickets]
+            if rows is not None and rows.release(envs, sents):
                 # the inputs straight from their rows: one index per entry
-                nxt = stack_results([it[1] for it in items], False)
+                nxt = stack_results(outcomes, False)
                 return rows.gather(arr, {"next": nxt, "env_index": idx})
             if sents[0].get("next", None) is None:
                 # the inputs and their "next" stacked apart, then joined once: no
                 # per-result write into each input (thousands per call at a big pool)
                 out = stack_results(sents, False)
-                out.set("next", stack_results([it[1] for it in items], False))
+                out.set("next", stack_results(outcomes, False))
                 out.set("env_index", idx)
                 return out
         stepped = []

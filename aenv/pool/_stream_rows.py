@@ -107,19 +107,23 @@ class StreamRows:
             for view, key in zip(self._views[i], bufs):  # type: ignore[arg-type]
                 view.copy_(entries[key])
             return out
-        rows = index_tensor([indices[pos] for pos in free])
+        envs = [indices[pos] for pos in free]
+        rows = index_tensor(envs)
         src = None if len(free) == len(indices) else index_tensor(free)
         for key, dst in bufs.items():
             value = entries[key]
             dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
-        for pos in free:
-            out[pos] = self._row(indices[pos])
+        made = self._rows
+        for pos, i in zip(free, envs):
+            row = made[i]
+            out[pos] = row if row is not None else self._row(i)
         return out
 
     def _row(self, i: int) -> TensorDictBase:
+        """Env ``i``'s row (kept while intact: a row the env changed was dropped when its
+        result came back, see :meth:`release`)."""
         row = self._rows[i]
         if row is not None:
-            # (intact: a row the env changed was dropped when its result came back)
             return row
         views = tuple(buf[i] for buf in self.bufs.values())
         row = TensorDict._new_unsafe(
@@ -128,32 +132,27 @@ class StreamRows:
         self._rows[i], self._views[i] = row, views
         return row
 
-    def owns(self, i: int, sub: Any) -> bool:
-        """Whether ``sub`` is env ``i``'s row (as :meth:`stage` hands it out: intact)."""
-        return sub is not None and sub is self._rows[i]
-
-    def intact(self, i: int, payload: Any) -> bool:
-        """Whether ``payload`` (env ``i``'s input) is its row, as it was made (the env
-        neither added nor replaced an entry: the buffers hold what it read)."""
-        row, views = self._rows[i], self._views[i]
-        if payload is None or payload is not row or views is None:
-            return False
-        entries = row._tensordict  # type: ignore[attr-defined]
-        # (the row's entries were made in the buffers' order, and replacing one keeps its
-        # place: one pass comparing identities, in C)
-        return len(entries) == len(views) and all(map(is_, entries.values(), views))
-
-    def release(self, i: int, payload: Any) -> bool:
-        """Env ``i``'s result for the input ``payload`` was received: its row is free.
-        Returns whether ``payload`` is the row, intact (:meth:`intact`); a row the env
-        changed is dropped, and the env's next send makes a fresh one."""
-        if payload is None or payload is not self._rows[i]:
-            return False
-        self.pending[i] = 0
-        if self.intact(i, payload):
-            return True
-        self._rows[i] = self._views[i] = None
-        return False
+    def release(self, indices: Sequence[int], payloads: Sequence[Any]) -> bool:
+        """The results of env ``indices[k]``'s input ``payloads[k]`` were received: the
+        rows among those inputs are free. Returns whether every input is its env's row as
+        it was made (the env neither added nor replaced an entry: the buffers hold what it
+        read); a row the env changed is dropped, and the env's next send makes a fresh one."""
+        rows, views, pending = self._rows, self._views, self.pending
+        whole = True
+        for i, payload in zip(indices, payloads):
+            row = rows[i]
+            if payload is not row or row is None:
+                whole = False
+                continue
+            pending[i] = 0
+            made = views[i]
+            entries = row._tensordict  # type: ignore[attr-defined]
+            # (the row's entries were made in the buffers' order, and replacing one keeps
+            # its place: one pass comparing identities, in C)
+            if len(entries) != len(made) or not all(map(is_, entries.values(), made)):  # type: ignore[arg-type]
+                rows[i] = views[i] = None
+                whole = False
+        return whole
 
     def gather(self, idx: np.ndarray, extra: dict[str, Any]) -> TensorDictBase:
         """The rows of ``idx`` (an int64 array) stacked (a copy: one index per entry),

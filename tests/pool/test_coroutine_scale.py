@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class RecordingEnv(EnvBase):
-    """Async env recording the input it got each step (its identity and its action);
+    """Async env recording the input it got each step (the input itself, held so that its
+    identity stays its own, and its action);
     ``scribble`` makes it replace its input's action and add an entry, as an env may."""
 
     def __init__(self, scribble: bool = False) -> None:
@@ -33,7 +34,7 @@ class RecordingEnv(EnvBase):
             terminated=Categorical(2, (1,), dtype=torch.bool),
         )
         self.scribble = scribble
-        self.seen: list[tuple[int, torch.Tensor]] = []
+        self.seen: list[tuple[TensorDictBase, torch.Tensor]] = []
         self.gate: asyncio.Event | None = None
 
     def _set_seed(self, seed: int | None) -> None:
@@ -46,7 +47,7 @@ class RecordingEnv(EnvBase):
         if self.gate is not None:
             await self.gate.wait()
         action = td["action"]
-        self.seen.append((id(td), action.clone()))
+        self.seen.append((td, action.clone()))
         if self.scribble:
             td.set("action", action * 100)
             td.set("scratch", torch.ones(1))
@@ -128,7 +129,7 @@ async def test_streamed_inputs_come_from_rows_and_back_intact():
                 assert torch.equal(envs[i].seen[-1][1], want[i])
         # each env read the same input object every step (its row, made once)
         for env in envs:
-            assert len({ident for ident, _ in env.seen}) == 1
+            assert len({id(td) for td, _ in env.seen}) == 1
     finally:
         await pool.aclose()
 
@@ -189,7 +190,7 @@ async def test_single_env_sends_fill_its_row(scribble):
                 assert torch.equal(out["next", "observation"][k], sent["action"][i])
         for env in envs:
             # the same row every step, unless the env changed it (then a fresh one each time)
-            assert len({ident for ident, _ in env.seen}) == (3 if scribble else 1)
+            assert len({id(td) for td, _ in env.seen}) == (3 if scribble else 1)
     finally:
         await pool.aclose()
 

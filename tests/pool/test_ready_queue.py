@@ -37,7 +37,7 @@ def test_ready_queue_matches_a_scanned_list(seed: int) -> None:
                 assert ready.take(env) == want
         elif op < 0.9:
             take = rng.randint(1, len(model))
-            got = [ready.popleft() for _ in range(take)]
+            got = ready.pop_oldest(take)
             assert got == model[:take]
             del model[:take]
             if rng.random() < 0.3:  # a failed one among them: the others go back in front
@@ -48,7 +48,7 @@ def test_ready_queue_matches_a_scanned_list(seed: int) -> None:
         assert len(ready) == len(model)
         assert bool(ready) == bool(model)
     while model:
-        assert ready.popleft() == model.pop(0)
+        assert ready.pop_oldest(1) == [model.pop(0)]
     assert not ready
 
 
@@ -58,7 +58,7 @@ def test_taking_by_env_leaves_the_others_in_arrival_order() -> None:
         ready.append(_item(env, tag))  # type: ignore[arg-type]
     assert ready.take(3) == _item(3, 0)  # (env 3's oldest)
     assert ready.take(1) == _item(1, 1)
-    assert [ready.popleft() for _ in range(len(ready))] == [
+    assert ready.pop_oldest(len(ready)) == [
         _item(3, 2),
         _item(2, 3),
         _item(1, 4),
