@@ -56,15 +56,17 @@ def _assembles() -> bool:
     constructor does (checked once: another tensordict version gets the constructor)."""
     try:
         made, ref = _assemble("probe", torch.Size([2])), NonTensorData("probe", batch_size=[2])
+        got, want = vars(made), vars(ref)
+        inner = want["_tensordict"]
         return (
-            tuple(vars(ref)) == _FIELDS
-            and tuple(vars(made)) == _FIELDS
-            and ref._non_tensordict == made._non_tensordict
-            and type(ref._tensordict) is TensorDict
-            and ref._tensordict.batch_size == made._tensordict.batch_size
-            and ref._tensordict.device is None
-            and not ref._tensordict.keys()
-            and not ref._tensordict.is_locked
+            tuple(want) == _FIELDS
+            and tuple(got) == _FIELDS
+            and want["_non_tensordict"] == got["_non_tensordict"]
+            and type(inner) is TensorDict
+            and inner.batch_size == got["_tensordict"].batch_size
+            and inner.device is None
+            and not inner.keys()
+            and not inner.is_locked
             and made.data == "probe"
             and made.batch_size == ref.batch_size
         )

@@ -172,7 +172,7 @@ class ChatEnv(EnvBase):
             entries["prompt_tokens"] = non_tensor(tuple(int(i) for i in ids))
         # (entries made to fit an unbatched TensorDict: no checks, every step of thousands
         # of episodes)
-        return TensorDict._new_unsafe(entries, _NO_DIMS, None, nested=False)
+        return TensorDict._new_unsafe(entries, _NO_DIMS, None, nested=False)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ step
     def _reply(self, td: TensorDictBase) -> Message:
