@@ -185,7 +185,8 @@ def to_numpy_fn(spec: TensorSpec, space: Any = None) -> Converter:
     """A function turning a tensor of ``spec`` into the value gymnasium expects.
 
     ``space`` (optional) is the gymnasium space the value goes to: a scalar ``Discrete``
-    gets a python int, a ``Box`` an array of the space's dtype.
+    gets a numpy scalar of the space's dtype (as its ``sample()`` gives), a ``Box`` an array
+    of the space's dtype.
     """
     if isinstance(spec, Composite):
         subs = {k: to_numpy_fn(v, _sub_space(space, k)) for k, v in spec.items()}
