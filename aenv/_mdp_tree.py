@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 
-_NO_DIMS = torch.Size()
+#: the batch size of one env's data (no batch dimensions)
+NO_DIMS = torch.Size()
 #: types :func:`non_tensor` assembles without looking further
 _PLAIN = frozenset({str, bytes, int, float, bool, tuple, list, dict, type(None)})
 #: what a NonTensorData holds besides its data (as tensordict's constructor leaves it)
@@ -77,7 +78,7 @@ def _assembles() -> bool:
 _ASSEMBLES = _assembles()
 
 
-def non_tensor(value: Any, batch_size: Sequence[int] = _NO_DIMS) -> NonTensorData:
+def non_tensor(value: Any, batch_size: Sequence[int] = NO_DIMS) -> NonTensorData:
     """``NonTensorData(value, batch_size=batch_size)`` for a plain python object (text, a
     tuple of token ids, a dict, a chat history) at about a third of the constructor's cost
     (5 against 14 us here): text envs make several per step, thousands of episodes at once.

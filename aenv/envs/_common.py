@@ -23,7 +23,7 @@ from aenv._mdp import (
     step_mdp,
     unravel,
 )
-from aenv._mdp_tree import fast_update
+from aenv._mdp_tree import NO_DIMS, fast_update
 from aenv.envs._specs import EnvSpecsMixin, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from aenv.envs._rollout_batch import BatchStepper
 
 __all__ = ["EnvBase"]
-
-_NO_DIMS = torch.Size()
 
 
 class _EnvMeta(type):
@@ -221,7 +219,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     ) -> None:
         self._device = torch.device(device) if device is not None else None
         # (one empty Size for every unbatched env: an object fewer per env of a big pool)
-        self.batch_size = torch.Size(batch_size) if batch_size else _NO_DIMS
+        self.batch_size = torch.Size(batch_size) if batch_size else NO_DIMS
         self.run_type_checks = run_type_checks
         self.allow_done_after_reset = allow_done_after_reset
         self._spec_locked = False
@@ -354,7 +352,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
     def _extra_dims(self, td: TensorDictBase) -> torch.Size:
         """Leading dims of ``td`` beyond the env's batch size (none on a batch-locked env)."""
         if self._batch_locked:
-            return _NO_DIMS
+            return NO_DIMS
         return td.batch_size[: td.batch_dims - len(self.batch_size)]
 
     # ------------------------------------------------------------------ step
@@ -437,7 +435,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             )
         # (every step of every env passes here: the batch-locked case and a plain
         # TensorDict's string keys read without a call)
-        extra = _NO_DIMS if self._batch_locked else self._extra_dims(input_td)
+        extra = NO_DIMS if self._batch_locked else self._extra_dims(input_td)
         plain = type(next_td) is TensorDict
         for key, zero in self._reward_zero.items():
             got = (

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aenv._mdp_tree import non_tensor
+from aenv._mdp import put
+from aenv._mdp_tree import NO_DIMS, non_tensor
 from aenv.envs import EnvBase
 from aenv.llm._history import History, Message
 from aenv.llm._limiter import Limiter
@@ -31,9 +32,6 @@ __all__ = ["ChatEnv", "Scorer", "ToolEnv"]
 #: ``scorer(history, answer)`` -> reward; may be ``async``. ``answer`` is the reset
 #: input's ``"answer"`` (None when there was none).
 Scorer = Callable[[History, Any], "float | Awaitable[float]"]
-
-
-_NO_DIMS = torch.Size()
 
 
 def _entry(td: TensorDictBase | None, key: str) -> Any:
@@ -172,7 +170,7 @@ class ChatEnv(EnvBase):
             entries["prompt_tokens"] = non_tensor(tuple(int(i) for i in ids))
         # (entries made to fit an unbatched TensorDict: no checks, every step of thousands
         # of episodes)
-        return TensorDict._new_unsafe(entries, _NO_DIMS, None, nested=False)  # type: ignore[arg-type]
+        return TensorDict._new_unsafe(entries, NO_DIMS, None, nested=False)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ step
     def _reply(self, td: TensorDictBase) -> Message:
@@ -205,16 +203,10 @@ class ChatEnv(EnvBase):
         truncated = not terminated and self.turns >= self.max_turns
         self.history = history
         out = self._observation(history)
-        flags = {
-            "reward": torch.full((1,), float(reward)),
-            "terminated": torch.full((1,), terminated),
-            "truncated": torch.full((1,), truncated),
-            "done": torch.full((1,), terminated or truncated),
-        }
-        if type(out) is TensorDict and not out.is_locked and not out.batch_size:
-            out._tensordict.update(flags)  # (one-element tensors fit: no checks)
-        else:  # (a subclass's observation)
-            out.update(flags)
+        put(out, "reward", torch.full((1,), float(reward)))
+        put(out, "terminated", torch.full((1,), terminated))
+        put(out, "truncated", torch.full((1,), truncated))
+        put(out, "done", torch.full((1,), terminated or truncated))
         return out
 
     async def _respond(self, history: History, message: Message) -> tuple[History, float, bool]:

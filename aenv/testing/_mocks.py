@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
-from aenv._mdp_tree import non_tensor
+from aenv._mdp_tree import NO_DIMS, non_tensor
 from aenv.envs._common import EnvBase
 from aenv.specs import Binary, Bounded, Composite, NonTensor, Unbounded
 from aenv.specs._utils import done_flags
@@ -29,8 +29,6 @@ __all__ = [
     "TextEnv",
     "latency_ideal_steps",
 ]
-
-_NO_DIMS = torch.Size()
 
 
 class LatencyEnv(EnvBase):
@@ -112,7 +110,7 @@ class LatencyEnv(EnvBase):
         # these envs resets them all at once)
         return TensorDict._new_unsafe(
             {"observation": torch.zeros(self.obs_dim), "latency": torch.zeros(1)},
-            batch_size=_NO_DIMS,
+            batch_size=NO_DIMS,
             device=None,
             nested=False,
         )

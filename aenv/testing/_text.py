@@ -11,14 +11,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import entry
-from aenv._mdp_tree import non_tensor, non_tensor_value
+from aenv._mdp_tree import NO_DIMS, non_tensor, non_tensor_value
 from aenv.envs._common import EnvBase
 from aenv.specs import Composite, NonTensor, Unbounded
 from aenv.specs._utils import done_flags
 
 __all__ = ["GuessTextEnv"]
-
-_NO_DIMS = torch.Size()
 
 
 def _text(td: TensorDictBase | None, key: str, default: str) -> str:
@@ -101,7 +99,7 @@ class GuessTextEnv(EnvBase):
         self.schedule = None if schedule is None else schedule.reshape(-1).tolist()
         return TensorDict._new_unsafe(
             {"text": non_tensor(self.text), "prompt": non_tensor(self.prompt)},  # type: ignore[dict-item]
-            batch_size=_NO_DIMS,
+            batch_size=NO_DIMS,
             device=None,
             nested=False,
         )
@@ -125,7 +123,7 @@ class GuessTextEnv(EnvBase):
                 "terminated": torch.full((1,), right),
                 "truncated": torch.full((1,), truncated),
             },
-            batch_size=_NO_DIMS,
+            batch_size=NO_DIMS,
             device=None,
             nested=False,
         )
