@@ -15,6 +15,13 @@ run:
 - EnvPool's C++ CartPole (its own thread pool, own venv) for the plain CartPole row only: it
   cannot run a Python step, so it is the yardstick of a native simulator, not a peer.
 
+A second table, ``collector``: the classic training shape, a collector with a small MLP
+policy (``_spin.mlp_policy``: 4 -> 64 -> 64 -> 2, greedy one-hot action, run without grad in
+the parent) gathering batches of 512 frames from 8 envs, at the first two costs: aenv
+``SyncDataCollector`` over ``ParallelEnv`` (2 workers x 4 envs) against TorchRL's
+``SyncDataCollector`` over its ``ParallelEnv`` (one process per env), steady-state frames/s
+(after the first batch) and the parent's CPU per batched step.
+
 Each cell is env-steps/s and its share of the limit; the last column is the parent's CPU
 time per batch step of aenv's 2 x 4 layout (its thread time over the rollouts: the sync
 facade drives the pool's loop in the calling thread). The costs are measured, not assumed: the
@@ -52,6 +59,8 @@ QUICK_COSTS_US = (100,)
 #: seconds of stepping per timed run at the limit (the step counts follow from the cost),
 #: at most MAX_STEPS batched steps (TorchRL runs plain CartPole at a few % of the limit)
 SECONDS, MAX_STEPS, QUICK_STEPS = 1.5, 2000, 100
+#: the collector table: its step costs, frames per batch and batches timed after the first
+COLLECTOR_COSTS_US, FRAMES_PER_BATCH, BATCHES, QUICK_BATCHES = (0, 100), 512, 40, 4
 
 
 def _aenv_spin(iters: int) -> Any:
@@ -113,6 +122,36 @@ def _aenv(iters: int, steps: int, workers: int, repeats: int) -> tuple[float, fl
     return N_ENVS * steps / seconds, cpu / ((repeats + 1) * steps) * 1e6
 
 
+def _aenv_collector(iters: int, batches: int, frames: int) -> tuple[float, float]:
+    """Steady-state frames/s of aenv's ``SyncDataCollector`` over ``ParallelEnv`` (2 workers
+    x 4 envs) with the MLP policy, and the parent's CPU time per batched step (us)."""
+    from aenv.collectors import SyncDataCollector
+    from aenv.sync import ParallelEnv
+
+    env = ParallelEnv(N_ENVS, partial(_aenv_spin, iters), num_processes=CORES)
+    collector = None
+    try:
+        env.set_seed(0)
+        collector = SyncDataCollector(
+            env, _spin.mlp_policy(), frames_per_batch=frames, total_frames=-1
+        )
+        count = 0
+        with torch.no_grad():
+            for i, batch in enumerate(collector):
+                if i == 0:  # (steady state: from the end of the first batch, as the peer)
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    continue
+                count += batch.numel()
+                if i == batches:
+                    break
+            seconds, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    finally:
+        if collector is not None:
+            collector.shutdown()
+        env.close()
+    return count / seconds, cpu / (count / N_ENVS) * 1e6
+
+
 def _peer(name: str, params: dict[str, Any], quick: bool, venv: str = "torchrl") -> Any:
     from benchmarks._peers import VENVS_DIR, PeerRunError, run_peer
 
@@ -138,7 +177,7 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
     costs = QUICK_COSTS_US if quick else COSTS_US
     repeats = 1 if quick else 3
     per_us = _spin.iters_per_us()
-    rows, plot = [], []
+    rows, plot, collected = [], [], []
     for extra in costs:
         iters = int(extra * per_us)
         steps = QUICK_STEPS if quick else _steps(extra + 8.0)
@@ -181,7 +220,34 @@ def run(quick: bool = False) -> dict[str, list[dict[str, Any]]]:
                 "TorchRL": 100.0 * trl_rate / rate if trl_rate else None,
             }
         )
-    return {"": rows, "% of the limit": plot}
+        if extra in COLLECTOR_COSTS_US and not (quick and extra != costs[0]):
+            collected.append(_collector_row(iters, limit, quick))
+    return {"": rows, "collector": collected, "% of the limit": plot}
+
+
+def _collector_row(iters: int, limit: dict[str, float], quick: bool) -> dict[str, Any]:
+    """One row of the collector table at the cost ``iters`` sets (see the module doc)."""
+    batches = QUICK_BATCHES if quick else BATCHES
+    frames = FRAMES_PER_BATCH // 4 if quick else FRAMES_PER_BATCH
+    rate, parent_us = _aenv_collector(iters, batches, frames)
+    params = {"n_envs": N_ENVS, "frames_per_batch": frames, "batches": batches, "spin": iters}
+    trl = None if quick else _peer("torchrl_parallel_collector", params, quick)
+    trl_rate = trl["frames_per_s"] if trl else None
+    return {
+        "cost per env step": f"{limit['cost_us']:,.0f} us",
+        "limit (2 plain processes)": f"{limit['env_steps_per_s']:,.0f}",
+        "aenv SyncDataCollector, ParallelEnv 2 workers x 4 envs": _cell(
+            rate, limit["env_steps_per_s"]
+        ),
+        "TorchRL SyncDataCollector, ParallelEnv 8 processes": _cell(
+            trl_rate, limit["env_steps_per_s"]
+        ),
+        "aenv / TorchRL": rate / trl_rate if trl_rate else None,
+        "aenv: parent CPU per batched step": f"{parent_us:,.0f} us",
+        "TorchRL: parent CPU per batched step": (
+            f"{trl['driver_cpu_us_per_batched_step']:,.0f} us" if trl else None
+        ),
+    }
 
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
@@ -216,6 +282,7 @@ def main() -> None:
     t = time.perf_counter()
     res = run(args.quick)
     print_table(f"{N_ENVS} CPU-bound envs on {CORES} cores: env-steps/s (% of the limit)", res[""])
+    print_table("Collectors with a small MLP policy: frames/s (% of the limit)", res["collector"])
     if args.plot:
         plot(res["% of the limit"], args.plot)
     print(f"({time.perf_counter() - t:.0f} s)")

@@ -26,6 +26,7 @@ from aenv.collectors._utils import (
     split_trajectories,
 )
 from aenv.envs._common import EnvBase
+from aenv.envs._policy import is_async_policy
 from aenv.envs._rollout import call_policy
 from aenv.envs._utils import ExplorationType, set_exploration_type
 from aenv.pool import AsyncEnvPool
@@ -332,14 +333,51 @@ class Collector(CollectorState):
             td = td.to(env_dev)
         return td
 
+    def _lockstep_policy(self) -> Callable[[TensorDictBase], Any] | None:
+        """What the rollout loop calls for the policy: :meth:`_act`'s work, without a
+        coroutine per step where nothing is awaited or moved between devices."""
+        run = self._run_policy
+        if run is None:
+            return None
+        if self.policy_device is not None or self.env_device is not None or is_async_policy(run):
+
+            async def acting(td: TensorDictBase) -> TensorDictBase:
+                return await self._act(td, False)
+
+            return acting
+        exploration, no_grad = self.exploration_type, self.no_grad
+
+        def act(td: TensorDictBase) -> Any:
+            with (
+                set_exploration_type(exploration),
+                torch.set_grad_enabled(torch.is_grad_enabled() and not no_grad),
+            ):
+                out = run(td)
+            if inspect.isawaitable(out):  # (from a plain call: awaited under the same modes)
+                return finish(out)
+            return out
+
+        async def finish(pending: Any) -> Any:
+            with (
+                set_exploration_type(exploration),
+                torch.set_grad_enabled(torch.is_grad_enabled() and not no_grad),
+            ):
+                return await pending
+
+        return act
+
     # ------------------------------------------------------------------ collecting
     async def rollout(self) -> TensorDictBase:
         """Collect one batch (before ``split_trajs`` and ``postproc``) and count its frames."""
         self._check_open()
         random = self._frames < self.init_random_frames
-        out = await self._engine.collect(
-            self._act, random, self.interruptor, self.reset_at_each_iter and self._iter > 0
-        )
+        fresh = self.reset_at_each_iter and self._iter > 0
+        engine = self._engine
+        if isinstance(engine, LockstepEngine):
+            policy = None if random else self._lockstep_policy()
+            out = await engine.collect(policy, self.interruptor, fresh)
+        else:
+            out = await engine.collect(self._act, random, self.interruptor, fresh)
         self._frames += out.numel()
         self._iter += 1
         return out

@@ -1,8 +1,13 @@
 """Lockstep collection: every env of a batch steps together (the seeds' SyncDataCollector).
 
-Each time step runs the policy on the whole batch and awaits ``step_and_maybe_reset`` on the
-whole env, so a batch of ``frames_per_batch`` frames is ``[*env.batch_size, T]`` with
-``T = ceil(frames_per_batch / env.batch_size.numel())`` and its last dim named ``"time"``.
+A batch is one run of the rollout loop every env shares (:func:`aenv.envs._rollout.run_rollout`:
+the policy on the whole batch, then ``step_and_maybe_reset`` on the whole env, in time rows
+where the env has them), going on from where the batch before left the envs, so a batch of
+``frames_per_batch`` frames is ``[*env.batch_size, T]`` with ``T = ceil(frames_per_batch /
+env.batch_size.numel())`` and its last dim named ``"time"``. An episode that ends at a
+batch's last step is reset when the next batch starts (the rollout resets what its first
+input says ended); trajectory ids are numbered from the done flags, in the order the
+episodes started.
 """
 
 from __future__ import annotations
@@ -12,18 +17,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from aenv._mdp import time_named, unravel
+from aenv._mdp import unravel
 from aenv.collectors._utils import Interruptor, TrajCounter
 from aenv.envs._common import EnvBase
-from aenv.envs._rollout import _done_mask
+from aenv.envs._rollout import _done_mask, run_rollout
 
 __all__ = ["LockstepEngine"]
 
 TRAJ_KEY = ("collector", "traj_ids")
 
 Act = Callable[[TensorDictBase, bool], Awaitable[TensorDictBase]]
+#: the policy a lockstep batch runs: called on the step's input (None: random actions)
+Policy = Callable[[TensorDictBase], Any]
 
 
 def mark_truncated(next_td: TensorDictBase, keys: list[Any], where: torch.Tensor | None) -> None:
@@ -45,14 +52,6 @@ def truncation_keys(env: EnvBase) -> list[Any]:
     return [k for k in env.done_keys if len(unravel(k)) == 1 and k in ("truncated", "done")]
 
 
-def stack_frames(frames: list[TensorDictBase], dim: int) -> TensorDictBase:
-    """Stack frames densely, lazily where their shapes or keys differ."""
-    try:
-        return torch.stack(frames, dim)  # type: ignore[arg-type,return-value]
-    except (RuntimeError, KeyError, ValueError):
-        return LazyStackedTensorDict.lazy_stack(frames, dim=dim)
-
-
 class LockstepEngine:
     """Steps a (possibly batched) env in lockstep and returns ``[*batch, T]`` batches."""
 
@@ -72,12 +71,14 @@ class LockstepEngine:
         self.steps_per_batch = math.ceil(frames_per_batch / self.n_envs)
         self.frames_per_batch = self.steps_per_batch * self.n_envs
         self.reset_when_done = reset_when_done
-        self.use_buffers = use_buffers
+        # (every batch is a new rollout's rows: nothing is reused, ``use_buffers`` or not)
         self.set_truncated = set_truncated
         self.traj_counter = traj_counter
         self.storing_device = storing_device
+        #: the next batch's first input (the last one's final ``"next"``, through step_mdp)
         self.shuttle: TensorDictBase | None = None
-        self.buffer: TensorDictBase | None = None
+        #: each env's trajectory id in the next batch's first frame
+        self.ids = torch.zeros(env.batch_size, dtype=torch.int64)
         self._trunc_keys = truncation_keys(env)
 
     # ------------------------------------------------------------------ resets
@@ -87,9 +88,8 @@ class LockstepEngine:
         env = self.env
         bs = env.batch_size
         if index is None or self.shuttle is None:
-            td = await env.reset()
-            td.set(TRAJ_KEY, self.traj_counter.take(max(bs.numel(), 1)).reshape(bs))
-            self.shuttle = td
+            self.shuttle = await env.reset()
+            self.ids = self.traj_counter.take(max(bs.numel(), 1)).reshape(bs)
             return
         if not bs:
             raise ValueError("reset(index=...) needs a batched env; this env has no batch dims")
@@ -97,65 +97,73 @@ class LockstepEngine:
         mask[index] = True
         td = self.shuttle
         td.set("_reset", mask.unsqueeze(-1))
-        td = await env.reset(td)
-        ids = td.get(TRAJ_KEY).clone()
+        self.shuttle = await env.reset(td)
+        ids = self.ids.clone()
         ids[mask] = self.traj_counter.take(int(mask.sum()))
-        td.set(TRAJ_KEY, ids)
-        self.shuttle = td
+        self.ids = ids
 
     async def drain(self) -> None:
         """Nothing is ever in flight between lockstep batches."""
 
     # ------------------------------------------------------------------ one batch
     async def collect(
-        self, act: Act, random: bool, interruptor: Interruptor | None, fresh: bool
+        self, policy: Policy | None, interruptor: Interruptor | None, fresh: bool
     ) -> TensorDictBase:
         """Collect one batch; ``fresh`` resets every env first (``reset_at_each_iter``)."""
         if fresh or self.shuttle is None:
             await self.reset()
+        until = None
+        if interruptor is not None:
+            if interruptor.collection_stopped():
+                raise RuntimeError("the interruptor stopped collection before the first step")
+            until = interruptor.collection_stopped
         env = self.env
-        frames: list[TensorDictBase] = []
-        td = self.shuttle
-        assert td is not None
-        storing = self.storing_device
-        for _ in range(self.steps_per_batch):
-            if interruptor is not None and interruptor.collection_stopped():
-                break
-            td = await act(td, random)
-            if self.reset_when_done:
-                stepped, nxt = await env.step_and_maybe_reset(td)
-            else:
-                stepped = await env.step(td)
-                nxt = env._step_mdp(stepped)
-            if self.reset_when_done:
-                done = _done_mask(env, stepped.get("next"))
-                if bool(done.any()):
-                    ids = nxt.get(TRAJ_KEY).clone()
-                    ids[done] = self.traj_counter.take(int(done.sum()))
-                    nxt.set(TRAJ_KEY, ids)
-            frames.append(stepped.to(storing) if storing is not None else stepped)
-            td = nxt
-        self.shuttle = td
-        if not frames:
-            raise RuntimeError("the interruptor stopped collection before the first step")
+        out = await run_rollout(
+            env,
+            self.steps_per_batch,
+            policy,
+            None,
+            auto_reset=False,
+            auto_cast_to_device=False,
+            break_when_any_done=False,
+            break_when_all_done=None,
+            return_contiguous=True,
+            tensordict=self.shuttle,
+            set_truncated=False,
+            reset_done=self.reset_when_done,
+            until=until,
+        )
+        time_dim = out.batch_dims - 1
+        # (a copy: the batch is the caller's to change)
+        self.shuttle = env._step_mdp(out[..., -1]).clone()
+        out.set(TRAJ_KEY, self._traj_ids(_done_mask(env, out.get("next"))))
         if self.set_truncated:
-            mark_truncated(frames[-1].get("next"), self._trunc_keys, None)
-        return time_named(self._stack(frames))
+            for key in self._trunc_keys:
+                flag = out.get(("next", key), None)
+                if flag is not None:
+                    flag.select(time_dim, -1).fill_(True)
+        if self.storing_device is not None:
+            out = out.to(self.storing_device)
+        return out
 
-    def _stack(self, frames: list[TensorDictBase]) -> TensorDictBase:
-        dim = frames[0].batch_dims
-        if self.use_buffers and len(frames) == self.steps_per_batch:
-            try:
-                if self.buffer is None:
-                    self.buffer = torch.stack(frames, dim)  # type: ignore[arg-type,assignment]
-                    return self.buffer  # type: ignore[return-value]
-                return torch.stack(frames, dim, out=self.buffer)  # type: ignore[arg-type,return-value]
-            except (RuntimeError, KeyError, ValueError):
-                # shapes or keys vary (dynamic specs): no fixed buffer from now on
-                self.buffer = None
-                self.use_buffers = False
-        return stack_frames(frames, dim)
+    def _traj_ids(self, done: torch.Tensor) -> torch.Tensor:
+        """Each frame's trajectory id (``[*batch, T]``) from where episodes ended (``done``,
+        the same shape): a new id, in time then env order, for every episode that follows
+        one ending (one ending at the last step included: its id is the next batch's)."""
+        steps = done.shape[-1]
+        if not self.reset_when_done:
+            return self.ids.reshape(-1, 1).repeat(1, steps).reshape(done.shape)
+        flat = done.reshape(-1, steps).T  # (time-major: ids go out in time order)
+        fresh = torch.full((steps + 1, flat.shape[1]), -1, dtype=torch.int64)
+        fresh[0] = self.ids.reshape(-1)
+        count = int(flat.sum())
+        if count:
+            fresh[1:][flat] = self.traj_counter.take(count)
+        # (a new id is above every older one: the latest start holds)
+        ids = fresh.cummax(0).values
+        self.ids = ids[-1].reshape(self.ids.shape).clone()
+        return ids[:-1].T.reshape(done.shape)
 
     def owns(self, td: TensorDictBase) -> bool:
-        """Whether ``td`` is the engine's reusable buffer (overwritten by the next batch)."""
-        return td is self.buffer
+        """Whether ``td`` is a buffer the engine reuses (never: each batch is new)."""
+        return False

@@ -98,7 +98,13 @@ async def run_rollout(
     return_contiguous: bool | None,
     tensordict: TensorDictBase | None,
     set_truncated: bool,
+    reset_done: bool = True,
+    until: Callable[[], bool] | None = None,
 ) -> TensorDictBase:
+    """The rollout of :meth:`~aenv.EnvBase.rollout` (its arguments), and for the lockstep
+    collector: with ``reset_done=False`` an env whose episode ended is not reset (not the
+    one a given ``tensordict`` says ended either: it steps on), and ``until``, asked before
+    each step, makes that step the last (not resetting what it ends) once it says True."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if break_when_any_done is None and break_when_all_done is None:
@@ -111,7 +117,7 @@ async def run_rollout(
     elif tensordict is None:
         raise RuntimeError("a tensordict is required when auto_reset=False")
     policy = rollout_policy(env, policy)
-    if tensordict is not None and env._any_done_write_reset(tensordict):
+    if reset_done and tensordict is not None and env._any_done_write_reset(tensordict):
         # a rollout going on from a given tensordict (the last step of another, say): what
         # it says is done is reset first, as TorchRL does; nothing else is
         tensordict = await env.reset(tensordict)
@@ -154,6 +160,8 @@ async def run_rollout(
         else:
             stepper = env._rollout_stepper(plain)
             if stepper is not None:
+                if until is not None:  # (a step sent ahead could not be taken back)
+                    stepper.overlaps = False
                 rows = functools.partial(
                     _BatchRows.make,
                     env,
@@ -173,6 +181,8 @@ async def run_rollout(
             rows,
             bool(break_when_any_done),
             bool(break_when_all_done),
+            reset_done,
+            until,
         )
     except PoolError as err:
         # a pool's sub-env failed: the steps done before are the caller's, not lost
@@ -195,6 +205,8 @@ async def _loop(
     rows: Callable[[TensorDictBase], _TimeRows | None] | None,
     break_when_any_done: bool,
     break_when_all_done: bool,
+    reset_done: bool,
+    until: Callable[[], bool] | None,
 ) -> None:
     """The rollout's steps, kept by ``box[0]`` (a store).
 
@@ -209,6 +221,7 @@ async def _loop(
     """
     store = box[0]
     stop = break_when_any_done or break_when_all_done
+    resets = reset_done and not stop
     last = max_steps - 1
     checkpoint = anyio.lowlevel.checkpoint
     for t in range(max_steps):
@@ -226,18 +239,19 @@ async def _loop(
             made = rows(td)
             if made is not None:
                 store = box[0] = made
+        final = t == last or (until is not None and until())
         try:
-            td, done = await store.step(td, t, not stop and t < last)
+            td, done = await store.step(td, t, resets and not final)
         except _Fallback as handed:
             assert isinstance(store, _TimeRows)
             store = box[0] = store.fallback()
             if handed.stepped is None:  # (before the step: the TensorDicts take it)
-                td, done = await store.step(td, t, not stop and t < last)
+                td, done = await store.step(td, t, resets and not final)
             else:  # (a step the rows could not hold: the TensorDicts keep it)
                 td, done = store.adopt(handed.stepped, handed.next_input)
-        if t == last or (done and break_when_any_done):
+        if final or (done and break_when_any_done):
             break
         # (an episode end inside a rollout that goes on: the env resets what it ended)
-        td = await store.reset(td, t) if done and not stop else store.advance(td, t)
+        td = await store.reset(td, t) if done and resets else store.advance(td, t)
         if break_when_all_done and bool(_done_mask(env, td).all()):
             break

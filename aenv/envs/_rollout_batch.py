@@ -139,7 +139,7 @@ class _BatchRows(_TimeRows):
         is ``td``, or None where they do not apply (:func:`plan_time_rows`)."""
         if (draws is None) != policy or not td.batch_size:
             return None
-        planned = plan_time_rows(env, td, max_steps)
+        planned = plan_time_rows(env, td, max_steps, policy)
         if planned is None:
             return None
         try:

@@ -40,14 +40,15 @@ __all__ = [
 
 
 def plan_time_rows(
-    env: EnvBase, td: TensorDictBase, max_steps: int
+    env: EnvBase, td: TensorDictBase, max_steps: int, policy: bool
 ) -> tuple[list[str], list[str], dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
     """Time rows for a rollout of ``env`` whose first input (its actions taken) is ``td``:
     the carried keys (a step's ``"next"`` entries but the rewards), the action keys, the
     carried entries' ``(T + 1, *batch, ...)`` buffers (row 0 holding ``td``'s) and the
     rewards' ``(T, *batch, ...)`` ones. None where rows do not apply: state kept at the
-    root, nested or non-tensor data, an input holding more (or less) than a step's outputs
-    carry and the actions, or of other shapes than the specs'."""
+    root, nested or non-tensor data, an input holding less than a step's outputs carry and
+    the actions, or more (but a ``policy``'s extra tensors: its logits, say), or of other
+    shapes than the specs'."""
     if type(td) is not TensorDict or td.batch_size != env.batch_size:
         return None
     if env.state_keys or any(type(k) is not str for k in env.action_keys):
@@ -60,8 +61,17 @@ def plan_time_rows(
     entries = planned._tensordict
     carried = [key for key in entries if key not in reward_keys]
     given = td._tensordict
-    if set(given) != {*carried, *actions}:
-        return None  # the input holds more (or less) than a step's outputs carry
+    planned_keys = {*carried, *actions}
+    if len(given) != len(planned_keys) or not planned_keys.issubset(given):
+        if not policy or not planned_keys.issubset(given):
+            return None  # the input holds more (or less) than a step's outputs carry
+        lead = td.batch_size
+        for key, value in given.items():
+            # (a policy's extras: tensors of the batch, kept per step as its actions)
+            if key not in planned_keys and (
+                type(value) is not torch.Tensor or value.shape[: len(lead)] != lead
+            ):
+                return None
     for key in carried:
         first, dst = given[key], entries[key]
         if (
@@ -103,7 +113,7 @@ class _TimeRows:
 
     For an unbatched env whose step hooks write rows (:func:`~aenv.envs._rowplan.writes_rows`)
     and whose step inputs hold just what ``step_mdp`` carries from a step's outputs (no
-    state kept at the root, no policy extras) and the actions. What ``step_mdp`` carries
+    state kept at the root) and the actions (and a policy's extra tensors). What ``step_mdp`` carries
     (observations, done flags) lives in one ``(T + 1,)`` buffer: row ``t`` is step ``t``'s
     input, row ``t + 1`` its ``"next"``, which is also step ``t + 1``'s input: carrying costs
     nothing. Rewards and actions get ``(T,)`` buffers of their own.
@@ -168,11 +178,14 @@ class _TimeRows:
                 self.action_rows[key][1 : 1 + rest.shape[0]] = rest
             self.drawn = draws.end
         else:
-            # a policy's step: its input's keys, the views it must leave in place, the
-            # action checks that pass without a cast (anything else: env._check_actions)
-            self.root_keys = frozenset((*carried, *actions))
+            # a policy's step: its input's keys (its extras too: written at every step),
+            # the views it must leave in place, the action checks that pass without a
+            # cast (anything else: env._check_actions)
+            extras = [key for key in self.order if key not in shared and key not in actions]
+            self.extras = extras
+            self.root_keys = frozenset((*carried, *actions, *extras))
             self.lean = [(key, specs[key].shape, specs[key].dtype) for key in actions]
-            self.given: dict[str, list[torch.Tensor]] = {key: [] for key in actions}
+            self.given: dict[str, list[torch.Tensor]] = {k: [] for k in (*actions, *extras)}
             self.views: list[dict[str, torch.Tensor]] = []  # per row: its carried views
             self.view_start = self.view_end = 0
             self.current: dict[str, torch.Tensor] | None = None  # the views handed out last
@@ -185,7 +198,7 @@ class _TimeRows:
         None where they do not apply (see the class)."""
         if (draws is None) != policy or td.batch_size:
             return None
-        planned = plan_time_rows(env, td, max_steps)
+        planned = plan_time_rows(env, td, max_steps, policy)
         if planned is None:
             return None
         try:
@@ -279,6 +292,9 @@ class _TimeRows:
             columns = [self.shared[key][row : self.view_end].unbind(0) for key in carried]
             self.views = [dict(zip(carried, views)) for views in zip(*columns)]
         views = self.current = self.views[row - self.view_start]
+        if self.extras:  # (carried on as step_mdp carries them: the policy's last ones)
+            given = self.given
+            views = {**views, **{key: given[key][-1] for key in self.extras}}
         # (the dict is copied in: the policy's writes leave it as made)
         return TensorDict._new_unsafe(views, self.batch, self.device, nested=False)  # type: ignore[arg-type]
 

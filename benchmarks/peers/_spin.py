@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["iters_per_us", "limit_worker", "make", "spin"]
+__all__ = ["iters_per_us", "limit_worker", "make", "mlp_policy", "spin"]
 
 
 def spin(iters: int) -> None:
@@ -72,3 +72,23 @@ def limit_worker(
     if out is not None:
         out.put(result)
     return result
+
+
+def mlp_policy(seed: int = 0) -> Any:
+    """The collectors' small policy for CartPole, the same in every venv: an MLP 4 -> 64 ->
+    64 -> 2 over ``"observation"`` whose greedy choice is written as a one-hot ``"action"``
+    (the action encoding of both aenv's and TorchRL's ``GymEnv``)."""
+    import torch
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torch import nn
+
+    class OneHotArgmax(nn.Module):
+        def forward(self, logits: torch.Tensor) -> torch.Tensor:
+            return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    return TensorDictSequential(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        TensorDictModule(OneHotArgmax(), in_keys=["logits"], out_keys=["action"]),
+    )

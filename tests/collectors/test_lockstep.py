@@ -306,3 +306,38 @@ async def test_progress_bar(capsys):
     with pytest.raises(ValueError, match="progress"):
         [b async for b in Collector(CountingEnv(), None, frames_per_batch=4, progress="bar")]
     await c.ashutdown()
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "process"])
+async def test_batches_are_the_plain_step_loop(backend):
+    """A lockstep batch is a run of the shared rollout loop that goes on from the batch
+    before: its frames equal a plain ``step_and_maybe_reset`` loop's, episodes ending at
+    a batch's last step included (their reset waits for the next batch)."""
+    from functools import partial
+
+    from aenv.pool import AsyncEnvPool
+
+    fns = [partial(CountingEnv, max_steps=m) for m in (2, 3, 4, 5)]
+    pool = AsyncEnvPool(fns, backend=backend)
+    try:
+        c = Collector(pool, ones_policy, frames_per_batch=20, total_frames=60, streaming=False)
+        got = [b async for b in c]
+        frames = []
+        td = await pool.reset()
+        for _ in range(15):
+            stepped, td = await pool.step_and_maybe_reset(ones_policy(td))
+            frames.append(stepped)
+        want = torch.stack(frames, 1)
+    finally:
+        await pool.aclose()
+    assert [b.batch_size for b in got] == [torch.Size([4, 5])] * 3
+    data = torch.cat(got, 1)
+    for key in ("observation", "action", ("next", "observation"), ("next", "done")):
+        assert torch.equal(data[key], want[key]), key
+    # a new id for each episode, in the order they started
+    assert data["collector", "traj_ids"][:, :6].tolist() == [
+        [0, 0, 4, 4, 6, 6],
+        [1, 1, 1, 5, 5, 5],
+        [2, 2, 2, 2, 7, 7],
+        [3, 3, 3, 3, 3, 8],
+    ]

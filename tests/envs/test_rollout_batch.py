@@ -78,12 +78,24 @@ def _extra_key_policy(env: EnvBase) -> Any:
     return policy
 
 
+def _extras_policy(env: EnvBase) -> Any:
+    # writes "logits" at every step, from the ones it was handed (carried on by step_mdp):
+    # time rows keep them per step as the actions, and carry the last ones on
+    def policy(td: TensorDictBase) -> TensorDictBase:
+        before = td.get("logits", None)
+        td.set("logits", torch.zeros(*td.batch_size, 2) if before is None else before + 1)
+        return env.rand_action(td)
+
+    return policy
+
+
 CASES = {
     "random-through-ends": (40, None, {"break_when_any_done": False}),
     "random-until-done": (40, None, {}),
     "random-2": (2, None, {"break_when_any_done": False}),
     "policy-through-ends": (30, _policy, {"break_when_any_done": False}),
     "policy-extra-key": (20, _extra_key_policy, {"break_when_any_done": False}),
+    "policy-extras": (20, _extras_policy, {"break_when_any_done": False}),
 }
 
 
@@ -303,3 +315,28 @@ async def test_rows_reread_a_results_tensordict_whose_tensors_changed(monkeypatc
     nxt.set("extra", torch.ones(3))
     assert rows._leaves(nxt, rows.next_plan) is None  # a key no row holds
     assert rows._leaves(nxt, rows.carried_plan, exact=False) is not None  # (reset rows)
+
+
+async def test_single_env_rows_keep_a_policys_extras(monkeypatch):
+    """An unbatched env's time rows keep the tensors a policy writes besides its actions,
+    per step, and hand the last ones on as step_mdp does: the rollout equals the per-step
+    TensorDicts' (a callback turns the rows off), episode ends included."""
+    made: list[bool] = []
+    make = _rollout._TimeRows.make
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        rows = make(*args, **kwargs)
+        made.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(_rollout._TimeRows, "make", staticmethod(spy))
+    outs = []
+    for callback in (None, lambda env, td: None):
+        env = GymEnv("CartPole-v1")
+        await env.set_seed(1)
+        torch.manual_seed(1)
+        outs.append(await env.rollout(60, _extras_policy(env), callback, break_when_any_done=False))
+    assert made == [True]
+    _assert_same(*outs)
+    assert outs[0]["next", "done"].sum() >= 1
+    assert outs[0]["logits"][:, 0].tolist() == [float(t) for t in range(60)]
