@@ -85,7 +85,8 @@ class Collector(CollectorState):
         reset_when_done: reset envs when they are done (else they keep stepping).
         interruptor: an :class:`~aenv.collectors.Interruptor` that can end batches early.
         set_truncated: mark the last frame of each env in a batch truncated (and done).
-        use_buffers: fill preallocated buffers (default: unless the specs are dynamic).
+        use_buffers: streaming batches fill one preallocated buffer (default: unless the
+            specs are dynamic); lockstep batches are each a new rollout's time rows.
         replay_buffer: an object with ``extend`` (sync or async); batches go there and the
             iterator yields None.
         trust_policy: use ``policy`` as it is, without inspecting or wrapping it.
@@ -229,7 +230,6 @@ class Collector(CollectorState):
         common: dict[str, Any] = dict(
             frames_per_batch=frames_per_batch,
             reset_when_done=reset_when_done,
-            use_buffers=use_buffers,
             set_truncated=set_truncated,
             traj_counter=self.traj_counter,
             storing_device=self.storing_device,
@@ -239,6 +239,7 @@ class Collector(CollectorState):
             self._engine: LockstepEngine | StreamingEngine = StreamingEngine(
                 env,
                 **common,
+                use_buffers=use_buffers,
                 max_frames_per_traj=self.max_frames_per_traj,
                 min_batch=min_batch,
                 max_wait=max_wait,

@@ -61,7 +61,6 @@ class LockstepEngine:
         *,
         frames_per_batch: int,
         reset_when_done: bool,
-        use_buffers: bool,
         set_truncated: bool,
         traj_counter: TrajCounter,
         storing_device: torch.device | None,
@@ -71,7 +70,6 @@ class LockstepEngine:
         self.steps_per_batch = math.ceil(frames_per_batch / self.n_envs)
         self.frames_per_batch = self.steps_per_batch * self.n_envs
         self.reset_when_done = reset_when_done
-        # (every batch is a new rollout's rows: nothing is reused, ``use_buffers`` or not)
         self.set_truncated = set_truncated
         self.traj_counter = traj_counter
         self.storing_device = storing_device
