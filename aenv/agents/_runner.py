@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import torch
 from anyio.abc import TaskGroup
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
@@ -30,6 +31,9 @@ Policy = Callable[[TensorDictBase], Any]
 Prompts = PromptSource | Iterable[Mapping[str, Any] | TensorDictBase]
 
 
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+
+
 def _name(key: Any) -> str:
     return ".".join(unravel(key))
 
@@ -40,6 +44,8 @@ def _value(value: Any) -> Any:
     if kind is not torch.Tensor:
         value = non_tensor_value(value)  # (a per-turn read)
         kind = type(value)
+        if kind in _SCALARS:  # text: as it is (several per turn; isinstance costs µs)
+            return value
     if kind is torch.Tensor or isinstance(value, torch.Tensor):
         return (value.detach() if value.requires_grad else value).clone()
     if isinstance(value, TensorDictBase):  # a non-tensor stack
@@ -185,7 +191,13 @@ class EpisodeStream:
         if self._tg is None:
             raise RuntimeError("use the stream inside `async with run_episodes(...) as stream`")
         try:
-            return await self._receive.receive()  # type: ignore[no-any-return]
+            # an item already waiting is taken without a trip through the event loop (a
+            # cancelled caller still stops here); otherwise wait for the next one
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            try:
+                return self._receive.receive_nowait()  # type: ignore[no-any-return]
+            except anyio.WouldBlock:
+                return await self._receive.receive()  # type: ignore[no-any-return]
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
@@ -298,7 +310,12 @@ class EpisodeStream:
                 f"keys ({[name for _, name in self._action_keys]}) takes a dict of actions by "
                 "key (or the tensordict with them set)"
             )
-        direct = type(td) is TensorDict and not td.is_locked and td.device is None
+        direct = (
+            type(td) is TensorDict
+            and not td.is_locked
+            and td.device is None
+            and not hasattr(td, "_consolidated")
+        )
         for key, value in items:
             if type(value) is torch.Tensor and type(key) is str:
                 put(td, key, value)
