@@ -141,7 +141,7 @@ def set_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
         type(td) is TensorDict
         and type(nxt) is TensorDict
         and not td.is_locked
-        and not hasattr(td, "_consolidated")
+        and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
     ):
         bs, dev = td.batch_size, td.device
         if (
