@@ -264,7 +264,9 @@ class EpisodeStream:
             if inspect.isawaitable(out):
                 out = await out
             if out is not None:
-                td = out if isinstance(out, TensorDictBase) else self._act(td, out)
+                # (text skips the ABC isinstance checks: a µs each, every turn)
+                text = type(out) in _SCALARS
+                td = out if not text and isinstance(out, TensorDictBase) else self._act(td, out)
             t1 = clock()
             stepped = await pool.step_one(env_index, td)
             t2 = clock()
@@ -300,7 +302,9 @@ class EpisodeStream:
         actions by key, into ``td`` (one env's input). A text action is written straight
         into a plain TensorDict's entries, a tensor as :func:`~aenv._mdp.put` writes it;
         anything else through ``td.set``. The pool checks them before the step."""
-        if isinstance(actions, Mapping):
+        if type(actions) is dict or (
+            type(actions) not in _SCALARS and isinstance(actions, Mapping)
+        ):
             items = actions.items()
         elif len(self._action_keys) == 1:
             items = ((self._action_keys[0][0], actions),)  # type: ignore[assignment]
@@ -323,8 +327,10 @@ class EpisodeStream:
                 direct
                 and type(key) is str
                 and key in self._text_actions
-                and not is_tensor_collection(value)
-                and not isinstance(value, torch.Tensor)
+                and (
+                    type(value) in _SCALARS
+                    or not (is_tensor_collection(value) or isinstance(value, torch.Tensor))
+                )
             ):
                 td._tensordict[key] = non_tensor(value, td.batch_size)
             else:
