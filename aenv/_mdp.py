@@ -129,6 +129,31 @@ def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> N
     td.set(key, value)
 
 
+def set_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
+    """``td.set("next", nxt)`` for a step's result (a per-step helper); returns ``td``.
+
+    When ``td`` is an unlocked, unconsolidated plain :class:`~tensordict.TensorDict` and
+    ``nxt`` a plain TensorDict of its batch size, on its device (if it has one), neither
+    with dim names, ``set`` would store ``nxt`` as it is: this writes the entry dict
+    directly (a few µs less per step). Anything else goes through ``td.set``.
+    """
+    if (
+        type(td) is TensorDict
+        and type(nxt) is TensorDict
+        and not td.is_locked
+        and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
+    ):
+        bs, dev = td.batch_size, td.device
+        if (
+            nxt.batch_size == bs
+            and (dev is None or nxt.device == dev)
+            and not (bs and (td._has_names() or nxt._has_names()))
+        ):
+            td._tensordict["next"] = nxt
+            return td
+    return td.set("next", nxt)
+
+
 def with_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
     """``td.copy().set("next", nxt)``: a shallow copy of a step's input with its ``"next"``
     (what "reset what is done" reads), built without a copy's checks when ``td`` is an

@@ -87,9 +87,8 @@ async def _answer(td: Any, policy_lat: Any) -> str:
 async def _runner(p: dict[str, Any], policy_lat: Any, env_lat: Any) -> float:
     from aenv.agents import run_episodes
 
-    async def policy(td: Any) -> Any:
-        td["action"] = await _answer(td, policy_lat)
-        return td
+    async def policy(td: Any) -> str:
+        return await _answer(td, policy_lat)  # the action: the runner writes it
 
     pool = _pool(p)
     async with pool:

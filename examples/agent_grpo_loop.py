@@ -41,8 +41,7 @@ async def main(iterations: int = 12, group_size: int = 4) -> None:
         await asyncio.sleep(rng.uniform(0.001, 0.005))  # the inference server's latency
         with torch.no_grad():
             probs = logits[INDEX[td["prompt"]]].softmax(-1)
-        td["action"] = str(int(torch.multinomial(probs, 1)))
-        return td
+        return str(int(torch.multinomial(probs, 1)))  # the action (the runner writes it)
 
     pool = AsyncEnvPool([partial(GuessTextEnv, max_steps=3)] * 8)
     kept = []

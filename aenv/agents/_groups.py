@@ -94,7 +94,9 @@ def prompt_tensordict(
     n = len(batch_size)
     fits = True
     for key, value in prompt.items():
-        if isinstance(value, torch.Tensor):
+        if type(value) is str:  # (the usual entry: no isinstance checks, µs each)
+            value = non_tensor(value, batch_size)
+        elif isinstance(value, torch.Tensor):
             value = value.clone()
             fits = fits and value.shape[:n] == batch_size
         elif isinstance(value, Mapping):

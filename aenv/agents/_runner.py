@@ -7,26 +7,31 @@ import dataclasses
 import inspect
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import torch
 from anyio.abc import TaskGroup
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
-from aenv._mdp import any_true, entry, getter, unravel
-from aenv._mdp_tree import non_tensor_value
+from aenv._mdp import any_true, entry, getter, put, unravel
+from aenv._mdp_tree import non_tensor, non_tensor_value
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
 from aenv.pool import ERROR_KEYS, AsyncEnvPool
+from aenv.specs import NonTensor
 from aenv.sync import Runner, get_runner
 
 __all__ = ["Collected", "EpisodeStream", "collect_episodes", "run_episodes"]
 
-Policy = Callable[[TensorDictBase], Awaitable[TensorDictBase | None] | TensorDictBase | None]
+Policy = Callable[[TensorDictBase], Any]
 Prompts = PromptSource | Iterable[Mapping[str, Any] | TensorDictBase]
+
+
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 def _name(key: Any) -> str:
@@ -39,6 +44,8 @@ def _value(value: Any) -> Any:
     if kind is not torch.Tensor:
         value = non_tensor_value(value)  # (a per-turn read)
         kind = type(value)
+        if kind in _SCALARS:  # text: as it is (several per turn; isinstance costs µs)
+            return value
     if kind is torch.Tensor or isinstance(value, torch.Tensor):
         return (value.detach() if value.requires_grad else value).clone()
     if isinstance(value, TensorDictBase):  # a non-tensor stack
@@ -73,19 +80,24 @@ class EpisodeStream:
 
     Each prompt (a dict or TensorDict handed to the env's reset) is run ``group_size``
     times per epoch. An episode takes a free env, resets it with its prompt, and then
-    alternates ``await policy(td)`` (one env's tensordict in, the same with its action
-    out) and ``await pool.step_one(i, td)`` until the env says done or a budget runs out;
-    its env then goes to the next prompt. At most ``max_concurrent_episodes`` (default:
-    the pool's size) run at once.
+    alternates ``await policy(td)`` (one env's tensordict in, its action out) and
+    ``await pool.step_one(i, td)`` until the env says done or a budget runs out; its env
+    then goes to the next prompt. At most ``max_concurrent_episodes`` (default: the pool's
+    size) run at once.
 
     Args:
         pool: any :class:`~aenv.pool.AsyncEnvPool` (coroutine, thread or process backend).
             With ``on_error="observe"`` a failed env step ends its episode with the error
             kept (``done_reason="error"``); with ``"raise"`` it does too, and the env is
             reset by the next episode.
-        policy: an async (or sync) callable on one env's tensordict that sets the action
-            entries (returning the tensordict, or None when it fills it in place), or a
-            :class:`BatchedPolicy` to serve many episodes per call.
+        policy: an async (or sync) callable on one env's tensordict that returns its
+            action: the value of the env's one action entry (a string for a text action,
+            a tensor), or a dict of action entries by key. The runner writes them into the
+            tensordict without TensorDict's per-entry checks (the pool checks the actions
+            against its specs before the step, as ``pool.step`` does), which is the cheap
+            way: ``td["action"] = text`` costs tens of µs a turn. A policy may also set the
+            entries itself and return the tensordict (or None, having filled it in place),
+            or be a :class:`BatchedPolicy` to serve many episodes per call.
         prompts: a :class:`PromptSource`, or any sequence / iterable of prompts.
         group_size: episodes per prompt per epoch (a group).
         max_concurrent_episodes: the concurrency cap.
@@ -96,6 +108,8 @@ class EpisodeStream:
         emit: ``"both"`` (episodes and groups), ``"episodes"`` or ``"groups"``.
 
     Example:
+        >>> async def policy(td):              # one env's tensordict in, its action out
+        ...     return await llm(td["text"])   # (a str: the env's text action)
         >>> async with run_episodes(pool, policy, prompts, group_size=4) as stream:
         ...     async for item in stream:
         ...         if isinstance(item, Group):
@@ -141,6 +155,11 @@ class EpisodeStream:
         self._groups: dict[int, list[Episode]] = {}
         self._obs_keys = [(k, _name(k)) for k in pool.observation_keys]
         self._action_keys = [(k, _name(k)) for k in pool.action_keys]
+        # the action keys of non-tensor data (text): a value the policy returns for one
+        # is written as such (see _act)
+        self._text_actions = {
+            k for k in pool.action_keys if isinstance(pool.full_action_spec[k], NonTensor)
+        }
         self._reward_keys = [(k, _name(k)) for k in pool.reward_keys]
         # each done key with the flag it is: 0 done, 1 terminated, 2 truncated
         names = ("done", "terminated", "truncated")
@@ -172,24 +191,34 @@ class EpisodeStream:
         if self._tg is None:
             raise RuntimeError("use the stream inside `async with run_episodes(...) as stream`")
         try:
-            return await self._receive.receive()  # type: ignore[no-any-return]
+            # an item already waiting is taken without a trip through the event loop (a
+            # cancelled caller still stops here); otherwise wait for the next one
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            try:
+                return self._receive.receive_nowait()  # type: ignore[no-any-return]
+            except anyio.WouldBlock:
+                return await self._receive.receive()  # type: ignore[no-any-return]
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
     # ------------------------------------------------------------------ running
     async def _feed(self, send: Any) -> None:
-        free_send, free = anyio.create_memory_object_stream[int](math.inf)
-        for i in range(self.concurrency):
-            free_send.send_nowait(i)
+        specs = iter(self.source)
         async with send, contextlib.AsyncExitStack() as stack:
             if isinstance(self.policy, BatchedPolicy) and not self.policy.running:
                 await stack.enter_async_context(self.policy)
-            async with anyio.create_task_group() as episodes:
-                for spec in self.source:
-                    env_index = await free.receive()
-                    episodes.start_soon(self._episode, spec, env_index, free_send, send)
+            async with anyio.create_task_group() as slots:
+                for env_index in range(self.concurrency):
+                    slots.start_soon(self._slot, specs, env_index, send)
 
-    async def _episode(self, spec: EpisodeSpec, env_index: int, free: Any, send: Any) -> None:
+    async def _slot(self, specs: Iterator[EpisodeSpec], env_index: int, send: Any) -> None:
+        """Env ``env_index``'s episodes, one after another: each takes the source's next
+        prompt the moment the one before ends. One task per env, not one per episode (a
+        task group's task costs about as much as a turn's framework work)."""
+        for spec in specs:
+            await self._episode(spec, env_index, send)
+
+    async def _episode(self, spec: EpisodeSpec, env_index: int, send: Any) -> None:
         ep = Episode(
             prompt=_plain(spec.prompt),
             prompt_index=spec.prompt_index,
@@ -214,7 +243,6 @@ class EpisodeStream:
             ep.done_reason = "error"
             ep.error = ErrorInfo.from_exception(exc)
         ep.ended_at = time.time()
-        free.send_nowait(env_index)
         self._finish(ep, send)
 
     async def _play(self, ep: Episode, spec: EpisodeSpec, env_index: int) -> None:
@@ -235,7 +263,10 @@ class EpisodeStream:
             out = policy(td)
             if inspect.isawaitable(out):
                 out = await out
-            td = td if out is None else out
+            if out is not None:
+                # (text skips the ABC isinstance checks: a µs each, every turn)
+                text = type(out) in _SCALARS
+                td = out if not text and isinstance(out, TensorDictBase) else self._act(td, out)
             t1 = clock()
             stepped = await pool.step_one(env_index, td)
             t2 = clock()
@@ -265,6 +296,46 @@ class EpisodeStream:
                 ep.done_reason = "terminated" if terminated else "truncated"
                 return
             td = pool.step_mdp(stepped)
+
+    def _act(self, td: TensorDictBase, actions: Any) -> TensorDictBase:
+        """Write what the policy returned, the value of the env's one action or a dict of
+        actions by key, into ``td`` (one env's input). A text action is written straight
+        into a plain TensorDict's entries, a tensor as :func:`~aenv._mdp.put` writes it;
+        anything else through ``td.set``. The pool checks them before the step."""
+        if type(actions) is dict or (
+            type(actions) not in _SCALARS and isinstance(actions, Mapping)
+        ):
+            items = actions.items()
+        elif len(self._action_keys) == 1:
+            items = ((self._action_keys[0][0], actions),)  # type: ignore[assignment]
+        else:
+            raise TypeError(
+                f"the policy returned a {type(actions).__name__}; an env with several action "
+                f"keys ({[name for _, name in self._action_keys]}) takes a dict of actions by "
+                "key (or the tensordict with them set)"
+            )
+        direct = (
+            type(td) is TensorDict
+            and not td.is_locked
+            and td.device is None
+            and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
+        )
+        for key, value in items:
+            if type(value) is torch.Tensor and type(key) is str:
+                put(td, key, value)
+            elif (
+                direct
+                and type(key) is str
+                and key in self._text_actions
+                and (
+                    type(value) in _SCALARS
+                    or not (is_tensor_collection(value) or isinstance(value, torch.Tensor))
+                )
+            ):
+                td._tensordict[key] = non_tensor(value, td.batch_size)
+            else:
+                td.set(key, value)
+        return td
 
     def _flags(self, get: Callable[[Any], Any]) -> list[bool]:
         """Whether any done, terminated and truncated flag is set, read with ``get`` (a

@@ -20,10 +20,12 @@ from aenv._mdp import (
     pad_mask,
     put,
     reduce_mask,
+    set_next,
     step_mdp,
     unravel,
 )
 from aenv._mdp_tree import NO_DIMS, fast_update
+from aenv.envs._actions import cast_action, check_stacked_action, heterogeneous, write_casts
 from aenv.envs._specs import EnvSpecsMixin, fake_from_specs
 from aenv.envs._threads import run_blocking
 from aenv.exceptions import (
@@ -307,9 +309,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                 value = get(key)
             except RuntimeError:  # a lazy stack whose actions differ in shape
                 value, mixed = None, True
-            if mixed:
-                from aenv.envs._actions import check_stacked_action, heterogeneous
-
+            if mixed:  # (also every non-tensor action: its spec has no dtype either)
                 if heterogeneous(td, key, spec):  # one spec per element of a lazy stack
                     casts += check_stacked_action(td, key, spec, self.run_type_checks)
                     continue
@@ -331,8 +331,6 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                     key=key,
                 )
             if value.dtype != spec.dtype:
-                from aenv.envs._actions import cast_action
-
                 value = cast_action(key, spec, value)
                 casts.append((None, key, value))
             if self.run_type_checks:
@@ -345,8 +343,6 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
                         key=key,
                     )
         if casts:
-            from aenv.envs._actions import write_casts
-
             write_casts(td, casts)
 
     def _extra_dims(self, td: TensorDictBase) -> torch.Size:
@@ -386,8 +382,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             self._check_actions(tensordict)
         result = await self._step_into(tensordict, None)
         assert not isinstance(result, bool)  # no row given: nothing written
-        tensordict.set("next", result)
-        return tensordict
+        return set_next(tensordict, result)
 
     async def _partial_step(self, tensordict: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
         base = tensordict.exclude("_step", "next")

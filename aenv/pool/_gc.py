@@ -37,6 +37,11 @@ than the steps in flight hold, so they die before they are walked. 4,096 streame
 200 ms spent 6.7-14.1 us of collector time per step with a young threshold of 700 and the
 middle one raised, 0.7-5.1 with this (``benchmarks/bench_scale.py --limit-one 4096 0.2 aenv
 8``, seven runs each on a loaded machine; 0.5-1.1 over 25 s, past the startup freezes).
+An episode of the episode runner holds more in flight than a streamed step: its coroutines,
+the turn's tensordicts, the episode's turns so far, about 40 objects. At 10 per env, 4,096
+concurrent episodes (``bench_scale.py``'s runner rows) had 15-21 young collections of
+30-350 ms each in a run (the count of net allocations swings by tens of thousands as
+episodes start and end together); at 100, none.
 
 What it costs. Reference counting frees frozen objects as usual; only cyclic garbage among
 them waits until the pool closes, and cyclic garbage made while it is open waits longer for
@@ -57,8 +62,9 @@ FREEZE_FROM = 1024
 #: the freezes a pool makes once as many results as it has envs came back (see above)
 SETTLE_FREEZES = 2
 #: net allocations per env of the freezing pools between two collections of the young
-#: generation (see above: 2 per env left it walking the steps in flight, 5 and 20 did not)
-YOUNG_PER_ENV = 10
+#: generation (see above: 2 per env left streamed steps in flight to be walked, 5 and 20 did
+#: not; the episode runner's episodes in flight needed more than 10)
+YOUNG_PER_ENV = 100
 
 _holders: set[int] = set()  # the ids of the GcFreeze objects holding a freeze
 _ours = False  # the permanent generation was empty when the first holder froze

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from aenv._mdp import set_next
 from aenv.exceptions import BatchSizeError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import _Dispatcher
@@ -66,7 +67,7 @@ class PerEnvMixin(_Dispatcher):
         """
         self._one_input(env_index, tensordict, "step")
         nxt = self._outcome(await self._run_one("step", env_index, tensordict))
-        tensordict.set("next", nxt)
+        set_next(tensordict, nxt)
         return tensordict
 
     async def reset_one(
@@ -86,7 +87,7 @@ class PerEnvMixin(_Dispatcher):
         op = "step_and_maybe_reset"
         self._one_input(env_index, tensordict, op)
         nxt, reset = self._outcome(await self._run_one(op, env_index, tensordict))
-        tensordict.set("next", nxt)
+        set_next(tensordict, nxt)
         return tensordict, self._next_input(tensordict, reset)
 
     def rand_action_one(

@@ -17,7 +17,7 @@ from tensordict import (
     is_non_tensor,
 )
 
-from aenv._mdp import entry, mask_merge, put, unravel
+from aenv._mdp import entry, mask_merge, put, set_next, unravel
 from aenv._mdp_tree import fast_clone
 from aenv.envs._common import EnvBase
 from aenv.envs._utils import EnvMetaData
@@ -428,7 +428,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         nxt = self._assemble([p[0] for p in pairs], indices, "next")
         if sel is not None:
             nxt = self._sat_out(nxt, tensordict, sel, True)
-        tensordict.set("next", self._step_proc_data(nxt, tensordict))
+        set_next(tensordict, self._step_proc_data(nxt, tensordict))
         next_input = self._step_mdp(tensordict)
         resets = [(i, p[1]) for i, p in zip(indices, pairs) if p[1] is not None]
         if resets:

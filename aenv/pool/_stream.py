@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from aenv._mdp import set_next
 from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
 from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
@@ -355,8 +356,7 @@ class StreamMixin(_Dispatcher):
         for _, result, t in items:
             sent = t.payload
             nxt = result if op == "step" else result[0]
-            sent.set("next", nxt)
-            stepped.append(sent)
+            stepped.append(set_next(sent, nxt))
         out = stack_results(stepped, self._lazy)
         out.set("env_index", idx)
         if op == "step":

@@ -206,3 +206,49 @@ async def test_leaving_early_cancels_the_rest_and_frees_every_env(backend):
         assert all(t is None for t in pool._tickets)  # the 30 s steps were cancelled
         with anyio.fail_after(10):
             assert (await pool.reset_one(2))["text"] == ""  # usable at once
+
+
+async def test_policy_may_return_its_action():
+    """A policy returns the action (the runner writes it) or sets it itself: same episodes."""
+
+    async def returns(td):
+        turns = td["text"].count("\n> ")
+        return td["target"] if turns >= answer_on_turn(td) else "no idea"
+
+    async def returns_dict(td):
+        return {"action": await returns(td)}
+
+    runs = []
+    for p in (policy, returns, returns_dict):
+        pool = AsyncEnvPool([partial(GuessTextEnv, max_steps=4)] * 3)
+        async with pool, run_episodes(pool, p, PROMPTS, emit="episodes") as stream:
+            episodes = sorted([ep async for ep in stream], key=lambda ep: ep.prompt_index)
+        runs.append([(ep.done_reason, [t.action for t in ep.turns]) for ep in episodes])
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][1] == ("terminated", [{"action": "no idea"}] * 2 + [{"action": "2"}])
+
+
+async def test_policy_returning_tensor_actions():
+    from aenv import MarlGroupMapType
+    from aenv.testing import MultiAgentCountingEnv, NestedCountingEnv
+
+    half = torch.full((2, 1), 0.5)
+    pool = AsyncEnvPool([NestedCountingEnv] * 2)  # one action, nested: ("agents", "action")
+    async with pool, run_episodes(pool, lambda td: half, [{}], emit="episodes") as stream:
+        (ep,) = [item async for item in stream]
+    assert ep.done_reason == "terminated" and len(ep) == 5
+    assert torch.equal(ep.turns[0].action["agents.action"], half)
+
+    env = partial(MultiAgentCountingEnv, 2, MarlGroupMapType.ONE_GROUP_PER_AGENT, max_steps=2)
+    one = torch.ones(1, 1, dtype=torch.int64)
+    by_key = {("agent_0", "action"): one, ("agent_1", "action"): one}
+    pool = AsyncEnvPool([env])
+    async with pool, run_episodes(pool, lambda td: by_key, [{}], emit="episodes") as stream:
+        (ep,) = [item async for item in stream]
+    assert ep.done_reason == "terminated" and ep.turns[0].action["agent_1.action"].item() == 1
+    # several action keys and one value: which one is meant? the episode ends in error
+    pool = AsyncEnvPool([env])
+    async with pool, run_episodes(pool, lambda td: one, [{}], emit="episodes") as stream:
+        (ep,) = [item async for item in stream]
+    assert ep.done_reason == "error" and ep.error.type == "TypeError"
+    assert "dict of actions by key" in ep.error.message
