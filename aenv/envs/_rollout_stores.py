@@ -255,7 +255,11 @@ class _TimeRows:
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
         step's ``"next"`` row kept aside first), then the next input."""
-        self.saved[t] = [(key, rows[t + 1, ...].copy()) for key, rows in self.shared_np]
+        # (a row of a 1-d buffer is a numpy scalar already: a copy; a row of more dims, a view)
+        row = t + 1
+        self.saved[t] = [
+            (key, rows[row] if rows.ndim == 1 else rows[row].copy()) for key, rows in self.shared_np
+        ]
         if self.draws is None:
             # (the buffer's row t is the step: a policy's actions are not in it yet)
             src = td._tensordict

@@ -53,6 +53,7 @@ def _is_vector(env: Any) -> bool:
 # the leaves of the rows the plain path writes: a step's "next" content, a reset's outputs
 _ACTION_BLOCK = 256  # actions of a rollout's rows converted at a time
 _STEP_ROW = ("observation", "reward", "terminated", "truncated", "done")
+_NDARRAY = np.ndarray  # (a module global: read per step)
 _RESET_ROW = ("observation", "terminated", "truncated", "done")
 
 
@@ -174,6 +175,7 @@ class GymWrapper(GymLikeEnv):
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
+        self._last_views: list[Any] = [None, None]  # (the last of them asked for: row, views)
         # a rollout's actions converted a block of rows at a time: (buffer, its version,
         # first row, end row, values)
         self._row_actions: tuple[torch.Tensor, int, int, int, list[Any]] | None = None
@@ -305,12 +307,18 @@ class GymWrapper(GymLikeEnv):
 
     def _writes_rows_now(self) -> bool:
         """Whether the row hooks may write rows inline now: the plain path, in this thread
-        (not ``blocking``), with no output checks (``run_type_checks`` checks a TensorDict)."""
-        return (
-            self._fast
-            and not (self._info_readers or self.blocking or self.run_type_checks)
-            and (self._plain_instance or self._no_instance_extensions())
-        )
+        (not ``blocking``), with no output checks (``run_type_checks`` checks a TensorDict)
+        and no info reader. All but the readers (a list, edited in place) are decided once
+        and kept until one of them is assigned on the instance (``_rows_ok``, see
+        :class:`~aenv.envs.GymLikeEnv`)."""
+        ok = self._rows_ok
+        if ok is None:
+            ok = self.__dict__["_rows_ok"] = bool(
+                self._fast
+                and not (self.blocking or self.run_type_checks)
+                and self._no_instance_extensions()
+            )
+        return ok and not self._info_readers
 
     def _plain_step(
         self,
@@ -325,9 +333,9 @@ class GymWrapper(GymLikeEnv):
         (assembled without validation). ``tensordict`` is the input, or a buffer of inputs
         (a leading dim) whose row ``index`` is."""
         if type(tensordict) is TensorDict:
-            src, rows = tensordict._tensordict, bool(tensordict._batch_size)
+            src, rows = tensordict._tensordict, tensordict._batch_size
         else:
-            src, rows = tensordict, bool(tensordict.batch_size)
+            src, rows = tensordict, tensordict.batch_size
         leaf = src["action"]
         if rows:
             hit = self._row_actions
@@ -349,14 +357,14 @@ class GymWrapper(GymLikeEnv):
         _, np_dt, shape = self._fast_obs
         # (the common case of _obs_into, inline: an array exactly as the spec says; an
         # equal dtype that is not numpy's canonical one takes _obs_into)
-        if type(obs) is np.ndarray and obs.dtype is np_dt and obs.shape == shape:
+        if type(obs) is _NDARRAY and obs.dtype is np_dt and obs.shape == shape:
             obs_np[index] = obs
         else:
             value = self._obs_into(obs, obs_np[index, ...])
             if value is not None:
                 # not what the spec says: the caller handles it as _step's output
                 return self._fast_outputs(value, reward, terminated, truncated)
-        done = bool(terminated or truncated)
+        done = True if terminated or truncated else False
         rew_np[index] = reward
         term_np[index] = terminated
         trunc_np[index] = truncated
@@ -404,13 +412,15 @@ class GymWrapper(GymLikeEnv):
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
-        if out is not None and self._writes_rows_now():
-            hit = self._views.get(id(out))
-            if hit is not None and hit[0] is out:
-                return self._plain_step(tensordict, hit[1], index or 0)
-            views = self._row_views(out, _STEP_ROW, index is not None)
-            if views is not None:
-                return self._plain_step(tensordict, views, index or 0)
+        # (_writes_rows_now, its decision read inline where made: the common case)
+        if out is not None and (self._rows_ok or self._writes_rows_now()):
+            if not self._info_readers:
+                last = self._last_views  # (the row stepped last: a rollout's every step)
+                if last[0] is out:
+                    return self._plain_step(tensordict, last[1], index or 0)
+                views = self._row_views(out, _STEP_ROW, index is not None)
+                if views is not None:
+                    return self._plain_step(tensordict, views, index or 0)
         return await super()._step_into(tensordict, out, index)
 
     async def _reset_into(
@@ -426,7 +436,9 @@ class GymWrapper(GymLikeEnv):
             return await super()._reset_into(stepped, out, index)
         i = index or 0
         obs_np, term_np, trunc_np, done_np = views
-        seed, self._pending_seed, self._stash = self._pending_seed, None, None
+        seed = self._pending_seed
+        if seed is not None or self._stash is not None:
+            self._pending_seed = self._stash = None
         obs, _ = self._reset_output_transform(
             self._env.reset() if seed is None else self._env.reset(seed=seed)
         )
@@ -453,6 +465,7 @@ class GymWrapper(GymLikeEnv):
         slots live as long as the env)."""
         hit = self._views.get(id(out))
         if hit is not None and hit[0] is out:
+            self._last_views[:] = hit
             return hit[1]
         if type(out) is not TensorDict or sorted(out.keys()) != sorted(keys):
             return None
@@ -480,7 +493,7 @@ class GymWrapper(GymLikeEnv):
         )
         if len(self._views) > 8:
             self._views.clear()
-        self._views[id(out)] = (out, views)
+        self._views[id(out)] = self._last_views[:] = (out, views)
         return views
 
     def _fast_outputs(
