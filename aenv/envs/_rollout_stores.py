@@ -132,6 +132,7 @@ class _TimeRows:
     ) -> None:
         steps = next(iter(rewards.values())).shape[0]
         self.env = env
+        self.step_into = env._step_into  # (the env's hook, looked up once per rollout)
         self.carried = carried
         self.actions = actions
         self.shared = shared
@@ -210,7 +211,7 @@ class _TimeRows:
         if env._closed:
             env._check_open()
         if self.draws is not None:
-            out = await env._step_into(self.inputs, self.out, t)
+            out = await self.step_into(self.inputs, self.out, t)
         else:
             self._check_policy_input(td)
             src = td._tensordict

@@ -175,7 +175,7 @@ class GymWrapper(GymLikeEnv):
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
-        self._last_views: list[Any] = [None, None]  # (the last of them asked for: row, views)
+        self._last_views: list[Any] = [None, None]  # (the row stepped into last, its views)
         # a rollout's actions converted a block of rows at a time: (buffer, its version,
         # first row, end row, values)
         self._row_actions: tuple[torch.Tensor, int, int, int, list[Any]] | None = None
@@ -320,6 +320,12 @@ class GymWrapper(GymLikeEnv):
             )
         return ok and not self._info_readers
 
+    def _forget_decisions(self) -> None:
+        super()._forget_decisions()
+        last = self.__dict__.get("_last_views")  # (None while __init__ runs)
+        if last is not None:
+            last[:] = None, None
+
     def _plain_step(
         self,
         tensordict: TensorDictBase,
@@ -360,7 +366,7 @@ class GymWrapper(GymLikeEnv):
         if type(obs) is _NDARRAY and obs.dtype is np_dt and obs.shape == shape:
             obs_np[index] = obs
         else:
-            value = self._obs_into(obs, obs_np[index, ...])
+            value = self._obs_into(obs, obs_np, index)
             if value is not None:
                 # not what the spec says: the caller handles it as _step's output
                 return self._fast_outputs(value, reward, terminated, truncated)
@@ -389,22 +395,23 @@ class GymWrapper(GymLikeEnv):
             hit = self._row_actions = (leaf, leaf._version, index, index + len(values), values)
         return hit[4][index - hit[2]]
 
-    def _obs_into(self, obs: Any, obs_np: np.ndarray) -> torch.Tensor | None:
-        """Copy the backend's observation into a row's observation view; returns None, or
-        the observation read as a tensor when it is off its spec (then nothing is written)."""
+    def _obs_into(self, obs: Any, rows: np.ndarray, index: int) -> torch.Tensor | None:
+        """Copy the backend's observation into row ``index`` of the observation rows;
+        returns None, or the observation read as a tensor when it is off its spec (then
+        nothing is written)."""
         read, np_dt, shape = self._fast_obs
         if (
             np_dt is not None
-            and type(obs) is np.ndarray
+            and type(obs) is _NDARRAY
             and obs.dtype == np_dt
             and obs.shape == shape
         ):
-            np.copyto(obs_np, obs)
+            rows[index] = obs
             return None
         value = read(obs)
-        if value.dtype != self._fast_obs_dtype or value.shape != obs_np.shape:
+        if value.dtype != self._fast_obs_dtype or value.shape != rows.shape[1:]:
             return value
-        np.copyto(obs_np, value.numpy())
+        rows[index] = value.numpy()
         return None
 
     async def _step_into(
@@ -412,15 +419,17 @@ class GymWrapper(GymLikeEnv):
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
-        # (_writes_rows_now, its decision read inline where made: the common case)
-        if out is not None and (self._rows_ok or self._writes_rows_now()):
-            if not self._info_readers:
-                last = self._last_views  # (the row stepped last: a rollout's every step)
-                if last[0] is out:
-                    return self._plain_step(tensordict, last[1], index or 0)
-                views = self._row_views(out, _STEP_ROW, index is not None)
-                if views is not None:
-                    return self._plain_step(tensordict, views, index or 0)
+        # (the row stepped into last, a rollout's every step: kept while _writes_rows_now's
+        # decision stands, see _forget_decisions; attribute reads are dear on this class,
+        # whose __getattr__ turns off the interpreter's fast ones)
+        last = self._last_views
+        if last[0] is out and out is not None and not self._info_readers:
+            return self._plain_step(tensordict, last[1], index or 0)
+        if out is not None and self._writes_rows_now():
+            views = self._row_views(out, _STEP_ROW, index is not None)
+            if views is not None:
+                last[:] = out, views
+                return self._plain_step(tensordict, views, index or 0)
         return await super()._step_into(tensordict, out, index)
 
     async def _reset_into(
@@ -442,7 +451,7 @@ class GymWrapper(GymLikeEnv):
         obs, _ = self._reset_output_transform(
             self._env.reset() if seed is None else self._env.reset(seed=seed)
         )
-        value = self._obs_into(obs, obs_np[i, ...])
+        value = self._obs_into(obs, obs_np, i)
         if value is not None:
             # not what the spec says: the reset's TensorDict, as reset() gives it
             td = TensorDict._new_unsafe(
@@ -465,7 +474,6 @@ class GymWrapper(GymLikeEnv):
         slots live as long as the env)."""
         hit = self._views.get(id(out))
         if hit is not None and hit[0] is out:
-            self._last_views[:] = hit
             return hit[1]
         if type(out) is not TensorDict or sorted(out.keys()) != sorted(keys):
             return None
@@ -493,7 +501,7 @@ class GymWrapper(GymLikeEnv):
         )
         if len(self._views) > 8:
             self._views.clear()
-        self._views[id(out)] = self._last_views[:] = (out, views)
+        self._views[id(out)] = (out, views)
         return views
 
     def _fast_outputs(
