@@ -183,19 +183,34 @@ class GymLikeEnv(EnvBase):
         )
     )
     _plain_ok: ClassVar[bool] = True
-    # whether no extension point is replaced on the instance, decided once and forgotten
-    # whenever one is assigned or deleted there (see __setattr__): None until decided
+    #: what decides, besides the extension points, whether a wrapper's plain path may write
+    #: rows inline (``_fast``, ``blocking``, ``run_type_checks``: see
+    #: :meth:`~aenv.libs.GymWrapper._writes_rows_now`)
+    _ROW_CONDITIONS: ClassVar[frozenset[str]] = EXTENSION_POINTS | {
+        "_fast",
+        "blocking",
+        "run_type_checks",
+    }
+    # decisions kept on the instance until one of _ROW_CONDITIONS is assigned or deleted
+    # there (see __setattr__), None until made: whether no extension point is replaced on
+    # the instance; whether the row hooks may write rows (a wrapper's)
     _plain_instance: bool | None = None
+    _rows_ok: bool | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in GymLikeEnv.EXTENSION_POINTS:
-            self.__dict__.pop("_plain_instance", None)
+        if name in GymLikeEnv._ROW_CONDITIONS:
+            self._forget_decisions()
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in GymLikeEnv.EXTENSION_POINTS:
-            self.__dict__.pop("_plain_instance", None)
+        if name in GymLikeEnv._ROW_CONDITIONS:
+            self._forget_decisions()
         super().__delattr__(name)
+
+    def _forget_decisions(self) -> None:
+        entries = self.__dict__
+        entries.pop("_plain_instance", None)
+        entries.pop("_rows_ok", None)
 
     def _no_instance_extensions(self) -> bool:
         """Whether no extension point is replaced on this instance (``env.read_obs = f``),

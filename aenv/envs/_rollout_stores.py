@@ -142,6 +142,7 @@ class _TimeRows:
     ) -> None:
         steps = next(iter(rewards.values())).shape[0]
         self.env = env
+        self.step_into = env._step_into  # (the env's hook, looked up once per rollout)
         self.carried = carried
         self.actions = actions
         self.shared = shared
@@ -223,7 +224,7 @@ class _TimeRows:
         if env._closed:
             env._check_open()
         if self.draws is not None:
-            out = await env._step_into(self.inputs, self.out, t)
+            out = await self.step_into(self.inputs, self.out, t)
         else:
             self._check_policy_input(td)
             src = td._tensordict
@@ -268,7 +269,11 @@ class _TimeRows:
     async def reset(self, td: TensorDictBase, t: int) -> TensorDictBase:
         """After step ``t`` ended an episode: the reset written into the shared row (the
         step's ``"next"`` row kept aside first), then the next input."""
-        self.saved[t] = [(key, rows[t + 1, ...].copy()) for key, rows in self.shared_np]
+        # (a row of a 1-d buffer is a numpy scalar already: a copy; a row of more dims, a view)
+        row = t + 1
+        self.saved[t] = [
+            (key, rows[row] if rows.ndim == 1 else rows[row].copy()) for key, rows in self.shared_np
+        ]
         if self.draws is None:
             # (the buffer's row t is the step: a policy's actions are not in it yet)
             src = td._tensordict

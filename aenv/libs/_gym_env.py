@@ -53,6 +53,7 @@ def _is_vector(env: Any) -> bool:
 # the leaves of the rows the plain path writes: a step's "next" content, a reset's outputs
 _ACTION_BLOCK = 256  # actions of a rollout's rows converted at a time
 _STEP_ROW = ("observation", "reward", "terminated", "truncated", "done")
+_NDARRAY = np.ndarray  # (a module global: read per step)
 _RESET_ROW = ("observation", "terminated", "truncated", "done")
 
 
@@ -174,6 +175,7 @@ class GymWrapper(GymLikeEnv):
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
+        self._last_views: list[Any] = [None, None]  # (the row stepped into last, its views)
         # a rollout's actions converted a block of rows at a time: (buffer, its version,
         # first row, end row, values)
         self._row_actions: tuple[torch.Tensor, int, int, int, list[Any]] | None = None
@@ -305,12 +307,24 @@ class GymWrapper(GymLikeEnv):
 
     def _writes_rows_now(self) -> bool:
         """Whether the row hooks may write rows inline now: the plain path, in this thread
-        (not ``blocking``), with no output checks (``run_type_checks`` checks a TensorDict)."""
-        return (
-            self._fast
-            and not (self._info_readers or self.blocking or self.run_type_checks)
-            and (self._plain_instance or self._no_instance_extensions())
-        )
+        (not ``blocking``), with no output checks (``run_type_checks`` checks a TensorDict)
+        and no info reader. All but the readers (a list, edited in place) are decided once
+        and kept until one of them is assigned on the instance (``_rows_ok``, see
+        :class:`~aenv.envs.GymLikeEnv`)."""
+        ok = self._rows_ok
+        if ok is None:
+            ok = self.__dict__["_rows_ok"] = bool(
+                self._fast
+                and not (self.blocking or self.run_type_checks)
+                and self._no_instance_extensions()
+            )
+        return ok and not self._info_readers
+
+    def _forget_decisions(self) -> None:
+        super()._forget_decisions()
+        last = self.__dict__.get("_last_views")  # (None while __init__ runs)
+        if last is not None:
+            last[:] = None, None
 
     def _plain_step(
         self,
@@ -325,9 +339,9 @@ class GymWrapper(GymLikeEnv):
         (assembled without validation). ``tensordict`` is the input, or a buffer of inputs
         (a leading dim) whose row ``index`` is."""
         if type(tensordict) is TensorDict:
-            src, rows = tensordict._tensordict, bool(tensordict._batch_size)
+            src, rows = tensordict._tensordict, tensordict._batch_size
         else:
-            src, rows = tensordict, bool(tensordict.batch_size)
+            src, rows = tensordict, tensordict.batch_size
         leaf = src["action"]
         if rows:
             hit = self._row_actions
@@ -349,14 +363,14 @@ class GymWrapper(GymLikeEnv):
         _, np_dt, shape = self._fast_obs
         # (the common case of _obs_into, inline: an array exactly as the spec says; an
         # equal dtype that is not numpy's canonical one takes _obs_into)
-        if type(obs) is np.ndarray and obs.dtype is np_dt and obs.shape == shape:
+        if type(obs) is _NDARRAY and obs.dtype is np_dt and obs.shape == shape:
             obs_np[index] = obs
         else:
-            value = self._obs_into(obs, obs_np[index, ...])
+            value = self._obs_into(obs, obs_np, index)
             if value is not None:
                 # not what the spec says: the caller handles it as _step's output
                 return self._fast_outputs(value, reward, terminated, truncated)
-        done = bool(terminated or truncated)
+        done = True if terminated or truncated else False
         rew_np[index] = reward
         term_np[index] = terminated
         trunc_np[index] = truncated
@@ -381,22 +395,23 @@ class GymWrapper(GymLikeEnv):
             hit = self._row_actions = (leaf, leaf._version, index, index + len(values), values)
         return hit[4][index - hit[2]]
 
-    def _obs_into(self, obs: Any, obs_np: np.ndarray) -> torch.Tensor | None:
-        """Copy the backend's observation into a row's observation view; returns None, or
-        the observation read as a tensor when it is off its spec (then nothing is written)."""
+    def _obs_into(self, obs: Any, rows: np.ndarray, index: int) -> torch.Tensor | None:
+        """Copy the backend's observation into row ``index`` of the observation rows;
+        returns None, or the observation read as a tensor when it is off its spec (then
+        nothing is written)."""
         read, np_dt, shape = self._fast_obs
         if (
             np_dt is not None
-            and type(obs) is np.ndarray
+            and type(obs) is _NDARRAY
             and obs.dtype == np_dt
             and obs.shape == shape
         ):
-            np.copyto(obs_np, obs)
+            rows[index] = obs
             return None
         value = read(obs)
-        if value.dtype != self._fast_obs_dtype or value.shape != obs_np.shape:
+        if value.dtype != self._fast_obs_dtype or value.shape != rows.shape[1:]:
             return value
-        np.copyto(obs_np, value.numpy())
+        rows[index] = value.numpy()
         return None
 
     async def _step_into(
@@ -404,12 +419,16 @@ class GymWrapper(GymLikeEnv):
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
+        # (the row stepped into last, a rollout's every step: kept while _writes_rows_now's
+        # decision stands, see _forget_decisions; attribute reads are dear on this class,
+        # whose __getattr__ turns off the interpreter's fast ones)
+        last = self._last_views
+        if last[0] is out and out is not None and not self._info_readers:
+            return self._plain_step(tensordict, last[1], index or 0)
         if out is not None and self._writes_rows_now():
-            hit = self._views.get(id(out))
-            if hit is not None and hit[0] is out:
-                return self._plain_step(tensordict, hit[1], index or 0)
             views = self._row_views(out, _STEP_ROW, index is not None)
             if views is not None:
+                last[:] = out, views
                 return self._plain_step(tensordict, views, index or 0)
         return await super()._step_into(tensordict, out, index)
 
@@ -426,11 +445,13 @@ class GymWrapper(GymLikeEnv):
             return await super()._reset_into(stepped, out, index)
         i = index or 0
         obs_np, term_np, trunc_np, done_np = views
-        seed, self._pending_seed, self._stash = self._pending_seed, None, None
+        seed = self._pending_seed
+        if seed is not None or self._stash is not None:
+            self._pending_seed = self._stash = None
         obs, _ = self._reset_output_transform(
             self._env.reset() if seed is None else self._env.reset(seed=seed)
         )
-        value = self._obs_into(obs, obs_np[i, ...])
+        value = self._obs_into(obs, obs_np, i)
         if value is not None:
             # not what the spec says: the reset's TensorDict, as reset() gives it
             td = TensorDict._new_unsafe(

@@ -157,6 +157,15 @@ async def test_a_kept_row_follows_instance_assignments_made_between_steps():
     env.blocking = True  # (a thread's work: the default hook, which runs it there)
     assert not env._writes_rows_now()
     env.blocking = False
+    assert isinstance(drive(env._step_into(action, row)), bool)
+    env.run_type_checks = True  # (output checks: the default hook, on the kept row too)
+    assert isinstance(drive(env._step_into(action, row)), TensorDictBase)
+    env.run_type_checks = False
+    assert isinstance(drive(env._step_into(action, row)), bool)
+    env.info_dict_reader.append(lambda info, td: td)  # (a reader added in place)
+    assert isinstance(drive(env._step_into(action, row)), TensorDictBase)
+    env.info_dict_reader.clear()
+    assert isinstance(drive(env._step_into(action, row)), bool)
     env._step = env._step  # type: ignore[method-assign]
     assert not env._writes_rows_now() and not env._plain_now()
     await env.aclose()
