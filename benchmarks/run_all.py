@@ -288,9 +288,10 @@ _COMMAND_LINE = re.compile(r"^_\(\d+ s, command: `python benchmarks/[^`]*`\)_\n?
 
 def merge_sections(text: str, sections: list[str]) -> str:
     """``text`` (a RESULTS.md) with each of ``sections`` (``"## title"`` first) in place of
-    the generated part of the section of the same title: from its heading to its command
-    line, or to the next ``## `` heading where it has none. What follows the command line
-    (notes, later runs' tables) is kept; a section the file lacks is added at the end."""
+    the generated part of the section of the same title: its heading, the tables under it
+    and their command line (see :func:`_generated_end`). What follows (notes, later runs'
+    tables) is kept, even where no command line ends the tables; a section the file lacks
+    is added at the end."""
     for section in sections:
         heading = section.split("\n", 1)[0] + "\n"
         new = section if section.endswith("\n") else section + "\n"
@@ -304,10 +305,28 @@ def merge_sections(text: str, sections: list[str]) -> str:
             start = at + 1
         following = text.find("\n## ", start + len(heading))
         limit = len(text) if following < 0 else following + 1
-        command = _COMMAND_LINE.search(text, start + len(heading), limit)
-        end = command.end() if command is not None else limit
+        end = _generated_end(text, start + len(heading), limit)
         text = text[:start] + new + text[end:]
     return text
+
+
+def _generated_end(text: str, at: int, limit: int) -> int:
+    """Where a section's generated part (from ``at``, after its heading, to ``limit``)
+    ends: its sub-headings, tables, blank lines, a failed run's report, and the command
+    line right after them; the first other line (a note written later) is kept."""
+    fenced = False
+    while at < limit:
+        eol = text.find("\n", at, limit)
+        nxt = limit if eol < 0 else eol + 1
+        line = text[at:nxt].rstrip("\n")
+        if fenced or line.startswith("```"):
+            fenced = fenced != line.startswith("```")
+        elif _COMMAND_LINE.match(line):
+            return nxt
+        elif line.strip() and not line.startswith(("### ", "|", "FAILED")):
+            return at
+        at = nxt
+    return limit
 
 
 if __name__ == "__main__":

@@ -64,3 +64,17 @@ def test_a_failed_run_replaces_the_table_and_a_new_section_is_appended():
     assert "FAILED" in beta and "| b |" not in beta
     assert out.rstrip().endswith(fresh.rstrip())
     assert out[: out.index("## Beta")] == OLD[: OLD.index("## Beta")]
+
+
+def test_notes_after_a_table_without_a_command_line_are_kept():
+    old = (
+        "## Alpha\n\n### sub\n\n| a |\n| - |\n| 1 |\n\n_(a note, no command line)_\n\n"
+        "_A later note:_\n\n| a |\n| - |\n| 2 |\n\n## Beta\n\nkept\n"
+    )
+    new = (
+        "## Alpha\n\n### sub\n\n| a |\n| - |\n| 9 |\n\n_(6 s, command: `python benchmarks/x.py`)_\n"
+    )
+    out = merge_sections(old, [new])
+    assert "| 1 |" not in out
+    assert out.index("| 9 |") < out.index("_(a note, no command line)_") < out.index("| 2 |")
+    assert out.endswith("## Beta\n\nkept\n")
