@@ -109,16 +109,17 @@ def _assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
         assert va.is_contiguous() and vb.is_contiguous(), key
 
 
-def _spy_rows(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+def _spy_rows(monkeypatch: pytest.MonkeyPatch, cls: Any = _rollout._BatchRows) -> list[bool]:
+    """Whether each rollout made time rows of ``cls`` (appended as it decides)."""
     made: list[bool] = []
-    make = _rollout._BatchRows.make
+    make = cls.make
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         rows = make(*args, **kwargs)
         made.append(rows is not None)
         return rows
 
-    monkeypatch.setattr(_rollout._BatchRows, "make", staticmethod(spy))
+    monkeypatch.setattr(cls, "make", staticmethod(spy))
     return made
 
 
@@ -321,15 +322,7 @@ async def test_single_env_rows_keep_a_policys_extras(monkeypatch):
     """An unbatched env's time rows keep the tensors a policy writes besides its actions,
     per step, and hand the last ones on as step_mdp does: the rollout equals the per-step
     TensorDicts' (a callback turns the rows off), episode ends included."""
-    made: list[bool] = []
-    make = _rollout._TimeRows.make
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        rows = make(*args, **kwargs)
-        made.append(rows is not None)
-        return rows
-
-    monkeypatch.setattr(_rollout._TimeRows, "make", staticmethod(spy))
+    made = _spy_rows(monkeypatch, _rollout._TimeRows)
     outs = []
     for callback in (None, lambda env, td: None):
         env = GymEnv("CartPole-v1")
