@@ -52,6 +52,7 @@ __all__ = [
     "time_named",
     "unravel",
     "with_next",
+    "writable",
 ]
 
 
@@ -112,15 +113,26 @@ def reset_keys_from_done_keys(done_keys: Iterable[NestedKey]) -> list[NestedKey]
     return [_ravel((*p, "_reset")) for p in prefixes]
 
 
+def writable(td: TensorDictBase) -> bool:
+    """Whether entries may be written into ``td``'s entry dict directly (what the per-step
+    helpers below check first): a plain, unlocked, unconsolidated
+    :class:`~tensordict.TensorDict`. Each helper still checks that the value fits."""
+    return (
+        type(td) is TensorDict
+        and not td.is_locked
+        and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
+    )
+
+
 def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> None:
     """``td.set(key, value)`` for a tensor (or TensorDict) already shaped for ``td`` (a
     per-step helper).
 
-    On an unlocked plain :class:`~tensordict.TensorDict` whose batch size the value starts
-    with, and whose device (if any) it is on, this writes the entry dict directly; anything
-    else goes through ``td.set`` and its checks.
+    On a :func:`writable` TensorDict whose batch size the value starts with, and whose
+    device (if any) it is on, this writes the entry dict directly; anything else goes
+    through ``td.set`` and its checks.
     """
-    if type(td) is TensorDict and not td.is_locked:
+    if writable(td):
         bs = td.batch_size
         dev = td.device
         if value.shape[: len(bs)] == bs and (dev is None or value.device == dev):
@@ -132,17 +144,12 @@ def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> N
 def set_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:
     """``td.set("next", nxt)`` for a step's result (a per-step helper); returns ``td``.
 
-    When ``td`` is an unlocked, unconsolidated plain :class:`~tensordict.TensorDict` and
-    ``nxt`` a plain TensorDict of its batch size, on its device (if it has one), neither
-    with dim names, ``set`` would store ``nxt`` as it is: this writes the entry dict
-    directly (a few µs less per step). Anything else goes through ``td.set``.
+    When ``td`` is :func:`writable` and ``nxt`` a plain TensorDict of its batch size, on
+    its device (if it has one), neither with dim names, ``set`` would store ``nxt`` as it
+    is: this writes the entry dict directly (a few µs less per step). Anything else goes
+    through ``td.set``.
     """
-    if (
-        type(td) is TensorDict
-        and type(nxt) is TensorDict
-        and not td.is_locked
-        and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
-    ):
+    if type(nxt) is TensorDict and writable(td):
         bs, dev = td.batch_size, td.device
         if (
             nxt.batch_size == bs

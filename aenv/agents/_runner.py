@@ -14,9 +14,9 @@ import anyio
 import anyio.lowlevel
 import torch
 from anyio.abc import TaskGroup
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import TensorDictBase, is_tensor_collection
 
-from aenv._mdp import any_true, entry, getter, put, unravel
+from aenv._mdp import any_true, entry, getter, put, unravel, writable
 from aenv._mdp_tree import non_tensor, non_tensor_value
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
@@ -314,12 +314,7 @@ class EpisodeStream:
                 f"keys ({[name for _, name in self._action_keys]}) takes a dict of actions by "
                 "key (or the tensordict with them set)"
             )
-        direct = (
-            type(td) is TensorDict
-            and not td.is_locked
-            and td.device is None
-            and "_consolidated" not in td.__dict__  # (hasattr would raise inside: slower)
-        )
+        direct = td.device is None and writable(td)
         for key, value in items:
             if type(value) is torch.Tensor and type(key) is str:
                 put(td, key, value)

@@ -45,6 +45,12 @@ def _has_dynamic_specs(env: EnvBase) -> bool:
     return False
 
 
+def _grad_mode(no_grad: bool) -> torch.set_grad_enabled:
+    """The autograd mode a policy runs under: off with ``no_grad`` (the batches keep no
+    graph, as TorchRL collects), else as the caller has it."""
+    return torch.set_grad_enabled(torch.is_grad_enabled() and not no_grad)
+
+
 class Collector(CollectorState):
     """Collects batches of frames with a policy: ``async for batch in Collector(...)``.
 
@@ -323,11 +329,7 @@ class Collector(CollectorState):
         dev = self.policy_device
         if dev is not None and td.device != dev:
             td = td.to(dev)
-        # the policy's graph is not kept in the batches (TorchRL collects under no_grad)
-        with (
-            set_exploration_type(self.exploration_type),
-            torch.set_grad_enabled(torch.is_grad_enabled() and not self.no_grad),
-        ):
+        with set_exploration_type(self.exploration_type), _grad_mode(self.no_grad):
             td = await call_policy(self._run_policy, td)
         env_dev = self.env_device
         if env_dev is not None and td.device != env_dev:
@@ -349,20 +351,14 @@ class Collector(CollectorState):
         exploration, no_grad = self.exploration_type, self.no_grad
 
         def act(td: TensorDictBase) -> Any:
-            with (
-                set_exploration_type(exploration),
-                torch.set_grad_enabled(torch.is_grad_enabled() and not no_grad),
-            ):
+            with set_exploration_type(exploration), _grad_mode(no_grad):
                 out = run(td)
             if inspect.isawaitable(out):  # (from a plain call: awaited under the same modes)
                 return finish(out)
             return out
 
         async def finish(pending: Any) -> Any:
-            with (
-                set_exploration_type(exploration),
-                torch.set_grad_enabled(torch.is_grad_enabled() and not no_grad),
-            ):
+            with set_exploration_type(exploration), _grad_mode(no_grad):
                 return await pending
 
         return act
