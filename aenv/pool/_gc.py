@@ -20,7 +20,7 @@ collects the young generations, so the cyclic garbage the build made (with the c
 paused, :func:`~aenv.pool._build.paused_gc`) is not kept. The later freezes do not collect:
 they come while the pool's first operations are in flight, when the young generations hold
 everything made since the build, alive (4,096 concurrent episodes of the episode runner:
-170-290k objects, walked in 0.2-0.3 s each, in the run's first second, and no garbage
+170-290k objects, walked in 0.06-0.30 s each, in the run's first seconds; no garbage
 found). What they freeze that was in flight, reference counting frees when it ends; cyclic
 garbage among it waits until the pool closes (bounded as the young generation's is, below).
 When the last pool holding a freeze closes, the
