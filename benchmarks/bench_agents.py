@@ -84,7 +84,10 @@ async def _answer(td: Any, policy_lat: Any) -> str:
     return f"answer {turn}"
 
 
-async def _runner(p: dict[str, Any], policy_lat: Any, env_lat: Any) -> float:
+async def _runner(
+    p: dict[str, Any], policy_lat: Any, env_lat: Any, stats: dict[str, float] | None = None
+) -> float:
+    """The runner's seconds (``stats``, if given, gets its CPU seconds: ``"cpu"``)."""
     from aenv.agents import run_episodes
 
     async def policy(td: Any) -> str:
@@ -92,14 +95,49 @@ async def _runner(p: dict[str, Any], policy_lat: Any, env_lat: Any) -> float:
 
     pool = _pool(p)
     async with pool:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         n = 0
         async with run_episodes(pool, policy, _prompts(p, env_lat), emit="episodes") as stream:
             async for ep in stream:
                 assert len(ep) == p["turns"] and ep.done_reason == "truncated", ep.done_reason
                 n += 1
         elapsed = time.perf_counter() - start
+        if stats is not None:
+            stats["cpu"] = time.process_time() - cpu
     assert n == p["n_episodes"]
+    return elapsed
+
+
+async def _limit(
+    p: dict[str, Any], policy_lat: Any, env_lat: Any, stats: dict[str, float] | None = None
+) -> float:
+    """The runner's limit: the same episodes with no pool and no runner, one plain task per
+    slot taking the next prompt, calling the same env's ``_reset`` / ``_step`` hooks (its
+    latencies, its tensordicts) and the same policy. Seconds (``stats`` as :func:`_runner`)."""
+    from tensordict import TensorDict
+
+    from aenv._mdp_tree import non_tensor
+    from aenv.agents._groups import prompt_tensordict
+    from aenv.testing import GuessTextEnv
+
+    turns = int(p["turns"])
+    envs = [GuessTextEnv(max_steps=turns) for _ in range(int(p["concurrency"]))]
+    prompts = _prompts(p, env_lat)
+    todo = iter(prompts)
+
+    async def slot(env: Any) -> None:
+        for prompt in todo:
+            td = await env._reset(prompt_tensordict(prompt, torch.Size()))
+            for _ in range(turns):
+                td._tensordict["episode"] = prompt["episode"]  # (what _answer reads)
+                action = await _answer(td, policy_lat)
+                td = await env._step(TensorDict({"action": non_tensor(action)}, []))
+
+    start, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(slot(env) for env in envs))
+    elapsed = time.perf_counter() - start
+    if stats is not None:
+        stats["cpu"] = time.process_time() - cpu
     return elapsed
 
 

@@ -22,7 +22,11 @@ What it compares (all aenv, one run):
   counted from the first send; the collector's time with ``gc.callbacks``), with the
   pool's collector policy as it is by default (``gc_freeze``: pools of 1,024 envs or more
   freeze what their build and first reset made, see ``aenv/pool/_gc.py``) and turned off;
-* the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes.
+* the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes,
+  % of ideal and CPU time per turn, against its limit in the same run: the same episodes,
+  env hooks and policy in plain tasks, no pool (``bench_agents._limit``). With 4,096 the
+  ideal schedule starts ~14k turns in its first second: the loop is CPU-bound there unless a
+  turn costs under ~70 us in all (env, policy, timers and framework).
 
 Run: ``python benchmarks/bench_scale.py [--quick]``
 """
@@ -270,8 +274,13 @@ def runner_rows(quick: bool) -> list[dict[str, Any]]:
             (p["env_median"], p["env_sigma"]),
         )
         ideal = ideal_makespan(policy_lat.sum(1) + env_lat.sum(1), cap)
+        turns = 2 * cap * 4
+        stats: dict[str, float] = {}
         gc.collect()
-        seconds = get_runner().run(bench_agents._runner, p, policy_lat, env_lat)
+        seconds = get_runner().run(bench_agents._runner, p, policy_lat, env_lat, stats)
+        limit: dict[str, float] = {}
+        gc.collect()
+        limit_s = get_runner().run(bench_agents._limit, p, policy_lat, env_lat, limit)
         rows.append(
             {
                 "concurrent episodes": cap,
@@ -280,6 +289,9 @@ def runner_rows(quick: bool) -> list[dict[str, Any]]:
                 "seconds": seconds,
                 "ideal (s)": ideal,
                 "% of ideal": 100 * ideal / seconds,
+                "CPU per turn (us)": 1e6 * stats["cpu"] / turns,
+                "limit % of ideal": 100 * ideal / limit_s,
+                "limit CPU per turn (us)": 1e6 * limit["cpu"] / turns,
             }
         )
     return rows
