@@ -386,7 +386,9 @@ def _as_indices(values: Any) -> list[int]:
             raise TypeError(
                 f"env_index must be an integer tensor (or ints); got a {values.dtype} tensor"
             )
-        return values.reshape(-1).tolist()  # type: ignore[no-any-return]  # (ints already)
+        # (ints already; a flat index, as a receive's env_index is, needs no reshape)
+        flat = values if values.ndim == 1 else values.reshape(-1)
+        return flat.tolist()  # type: ignore[no-any-return]
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(
             f"env_index must be an int, a sequence of ints or an integer tensor; got "

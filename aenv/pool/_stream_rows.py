@@ -85,16 +85,19 @@ class StreamRows:
         bufs = self.bufs
         if entries.keys() != bufs.keys() and entries.keys() - _POOL_KEYS != bufs.keys():
             return None
-        lead = 0 if single else 1
-        for key, (row_shape, dtype, device) in self._expect.items():
-            value = entries[key]
-            if (
-                type(value) is not torch.Tensor
-                or value.shape[lead:] != row_shape
-                or value.dtype != dtype
-                or value.device != device
-            ):
-                return None
+        if single:
+            # (copy_ broadcasts and casts: the entries are checked first)
+            for key, (row_shape, dtype, device) in self._expect.items():
+                value = entries[key]
+                if (
+                    type(value) is not torch.Tensor
+                    or value.shape != row_shape
+                    or value.dtype != dtype
+                    or value.device != device
+                ):
+                    return None
+        elif not all(type(entries[key]) is torch.Tensor for key in bufs):
+            return None
         pending = self.pending
         free = [pos for pos, i in enumerate(indices) if not pending[i]]
         if not free:
@@ -110,9 +113,15 @@ class StreamRows:
         envs = [indices[pos] for pos in free]
         rows = index_tensor(envs)
         src = None if len(free) == len(indices) else index_tensor(free)
-        for key, dst in bufs.items():
-            value = entries[key]
-            dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
+        try:
+            for key, dst in bufs.items():
+                value = entries[key]
+                dst.index_copy_(0, rows, value if src is None else value.index_select(0, src))
+        except (RuntimeError, IndexError):
+            # index_copy_ takes exactly the rows' shape, dtype and device (it neither
+            # broadcasts nor casts): anything else is refused there, at no cost per entry
+            # to a send that fits. The free rows it wrote to are read by no one.
+            return None
         made = self._rows
         for pos, i in zip(free, envs):
             row = made[i]

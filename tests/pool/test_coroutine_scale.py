@@ -195,6 +195,40 @@ async def test_single_env_sends_fill_its_row(scribble):
         await pool.aclose()
 
 
+async def test_a_send_that_does_not_fit_the_rows_goes_env_by_env():
+    # rows take exactly their dtype and shape: anything else is refused by the copy itself,
+    # and the send goes env by env as before (cast where exact, or refused, nothing sent)
+    from aenv.exceptions import SpecViolationError
+
+    pool = AsyncEnvPool([RecordingEnv for _ in range(3)])
+    try:
+        await pool.reset()
+        envs = pool._backend.envs
+        wide = _actions(3, 1.0)
+        wide["action"] = wide["action"].to(torch.float64)
+        pool.async_step_send(wide, env_index=[2, 0, 1])
+        out = await pool.async_step_recv(min_get=3)
+        for k, i in enumerate(out["env_index"].tolist()):
+            want = wide["action"][[2, 0, 1].index(i)].float()
+            assert envs[i].seen[-1][1].dtype == torch.float32
+            assert torch.equal(envs[i].seen[-1][1], want)
+            assert torch.equal(out["next", "observation"][k], want)
+        bad = _actions(3, 2.0)
+        bad["action"] = torch.zeros(3, 3)
+        with pytest.raises(SpecViolationError):
+            pool.async_step_send(bad, env_index=[0, 1, 2])
+        assert not any(pool._tickets)  # nothing was sent
+        good = _actions(3, 7.0)
+        pool.async_step_send(good, env_index=[0, 1, 2])
+        out = await pool.async_step_recv(min_get=3)
+        for k, i in enumerate(out["env_index"].tolist()):
+            assert torch.equal(out["action"][k], good["action"][i])
+            assert torch.equal(out["next", "observation"][k], good["action"][i])
+            assert torch.equal(envs[i].seen[-1][1], good["action"][i])
+    finally:
+        await pool.aclose()
+
+
 async def test_streamed_rows_of_a_dtype_numpy_lacks():
     # bfloat16 inputs: the rows are gathered with torch's index (numpy has no bfloat16)
     def make() -> RecordingEnv:
