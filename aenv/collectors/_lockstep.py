@@ -131,15 +131,14 @@ class LockstepEngine:
             reset_done=self.reset_when_done,
             until=until,
         )
-        time_dim = out.batch_dims - 1
         # (a copy: the batch is the caller's to change)
         self.shuttle = env._step_mdp(out[..., -1]).clone()
-        out.set(TRAJ_KEY, self._traj_ids(_done_mask(env, out.get("next"))))
+        done = _done_mask(env, out.get("next"))
+        out.set(TRAJ_KEY, self._traj_ids(done))
         if self.set_truncated:
-            for key in self._trunc_keys:
-                flag = out.get(("next", key), None)
-                if flag is not None:
-                    flag.select(time_dim, -1).fill_(True)
+            last = torch.zeros_like(done)
+            last[..., -1] = True
+            mark_truncated(out.get("next"), self._trunc_keys, last)
         if self.storing_device is not None:
             out = out.to(self.storing_device)
         return out
@@ -150,7 +149,7 @@ class LockstepEngine:
         one ending (one ending at the last step included: its id is the next batch's)."""
         steps = done.shape[-1]
         if not self.reset_when_done:
-            return self.ids.reshape(-1, 1).repeat(1, steps).reshape(done.shape)
+            return self.ids.unsqueeze(-1).expand(done.shape).clone()
         flat = done.reshape(-1, steps).T  # (time-major: ids go out in time order)
         fresh = torch.full((steps + 1, flat.shape[1]), -1, dtype=torch.int64)
         fresh[0] = self.ids.reshape(-1)

@@ -62,15 +62,17 @@ def plan_time_rows(
     carried = [key for key in entries if key not in reward_keys]
     given = td._tensordict
     planned_keys = {*carried, *actions}
-    if len(given) != len(planned_keys) or not planned_keys.issubset(given):
-        if not policy or not planned_keys.issubset(given):
-            return None  # the input holds more (or less) than a step's outputs carry
+    if not planned_keys.issubset(given):
+        return None  # the input holds less than a step's outputs carry and the actions
+    extras = given.keys() - planned_keys
+    if extras:
+        if not policy:
+            return None  # more: only a policy's extras are kept
         lead = td.batch_size
-        for key, value in given.items():
+        for key in extras:
             # (a policy's extras: tensors of the batch, kept per step as its actions)
-            if key not in planned_keys and (
-                type(value) is not torch.Tensor or value.shape[: len(lead)] != lead
-            ):
+            value = given[key]
+            if type(value) is not torch.Tensor or value.shape[: len(lead)] != lead:
                 return None
     for key in carried:
         first, dst = given[key], entries[key]
