@@ -18,7 +18,13 @@ from typing import Any
 
 import anyio
 
-from aenv.exceptions import EnvBusyError, EnvCancelledError, EnvStepError, StepTimeoutError
+from aenv.exceptions import (
+    EnvBusyError,
+    EnvCancelledError,
+    EnvClosedError,
+    EnvStepError,
+    StepTimeoutError,
+)
 from aenv.pool._backend import Backend, Failure, Stacked
 from aenv.pool._gc import GcFreeze
 from aenv.pool._stacking import split_inputs
@@ -231,6 +237,10 @@ class _Dispatcher:
             op: {} for op in STREAM_OPS
         }
         self.last_errors = {}
+        # the tasks awaiting a whole-batch call's work (see _wait_call), and those the
+        # pool's close cancelled there
+        self._in_calls: set[asyncio.Task[Any]] = set()
+        self._closed_calls: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ errors
     def _to_error(self, i: int, op: str, failure: Failure) -> BaseException:
@@ -269,6 +279,7 @@ class _Dispatcher:
             if fut is None or fut.done():
                 fut = self._orphan_waiter = asyncio.get_running_loop().create_future()
             await asyncio.shield(fut)
+        self._check_open()  # type: ignore[attr-defined]  # (closed meanwhile)
 
     def _enqueue(self, t: _Ticket) -> None:
         self._tickets[t.index] = t
@@ -482,6 +493,45 @@ class _Dispatcher:
             await self._settle((i,))
         return outcome
 
+    async def _wait_call(self, call: Any, op: str) -> Any:
+        """``await call.wait()`` (a backend's whole-batch call), raising
+        :class:`~aenv.exceptions.EnvClosedError` when the pool is closed meanwhile: the
+        close cancels this wait (see :meth:`_fail_in_flight`), which stops the call's work."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_calls.add(task)
+        try:
+            return await call.wait()
+        except asyncio.CancelledError:
+            if task in self._closed_calls:
+                self._closed_calls.discard(task)
+                if not task.uncancel():  # (not cancelled for another reason too)
+                    raise EnvClosedError(_closed_msg(op)) from None
+            raise
+        finally:
+            self._in_calls.discard(task)
+
+    def _fail_in_flight(self) -> None:
+        """The pool is closing: every call waiting on its envs raises
+        :class:`~aenv.exceptions.EnvClosedError` instead of waiting for work the closed
+        backend will never deliver (tickets' futures fail, whole-batch waits are
+        cancelled). Streamed receivers are woken by the close and raise it themselves."""
+        for t in self._tickets:
+            if t is None or t is _FAST:
+                continue
+            self._release(t)
+            err = EnvClosedError(_closed_msg(t.op, t.index))
+            fut = t.future if t.future is not None else (t.batch.future if t.batch else None)
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+        self._waiting.clear()
+        self._orphans = 0
+        if self._orphan_waiter is not None and not self._orphan_waiter.done():
+            self._orphan_waiter.set_result(None)
+        for task in self._in_calls:
+            self._closed_calls.add(task)
+            task.cancel()
+
     # ------------------------------------------------------------------ whole batch
     async def _run_ops(self, op: str, indices: Sequence[int], payloads: Sequence[Any]) -> list[Any]:
         """Run ``op`` on each env of ``indices``; one outcome (result or Failure) per env."""
@@ -523,7 +573,7 @@ class _Dispatcher:
             self._running += len(wave)
             try:
                 call = backend.launch(op, part, self.step_timeout, indices if whole else wave)
-                out = None if call is None else await call.wait()
+                out = None if call is None else await self._wait_call(call, op)
                 if out is not None and self._gc.countdown:
                     self._gc.results(len(wave))
             finally:
@@ -609,7 +659,8 @@ class _Dispatcher:
                 await batch.future
         except BaseException:
             self._abandon_batch(tickets)
-            await self._settle([t.index for t in tickets])
+            if not self._closed:  # type: ignore[attr-defined]
+                await self._settle([t.index for t in tickets])
             raise
         expired = [t.index for t in tickets if t.expired]
         if expired:  # the given-up work unwinds before the call returns its timeouts
@@ -635,3 +686,8 @@ class _Dispatcher:
                 self._orphans += 1
         if self._waiting:
             self._pump()
+
+
+def _closed_msg(op: str, index: int | None = None) -> str:
+    where = "" if index is None else f" of env {index}"
+    return f"the pool was closed while a {op!r}{where} was in flight"

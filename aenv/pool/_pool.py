@@ -686,6 +686,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         for t in self._tickets:
             if t is not None and t.timer is not None:
                 t.timer.cancel()
+        self._fail_in_flight()
         for op in self._recv_waiters:
             self._wake(op, None)
         try:

@@ -114,7 +114,7 @@ class PoolStepper(BatchStepper):
         try:
             if ahead is not None:
                 chained = backend.launch(ahead_op, ahead, timeout, bank=1 - self.bank, after=call)
-            out = await call.wait()
+            out = await pool._wait_call(call, op)
         except BaseException:
             call.abandon()
             if chained is not None:

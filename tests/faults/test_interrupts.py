@@ -57,7 +57,7 @@ def test_ctrl_c_at_random_moments(
     backend: str, loop: str, iterations: int, max_delay: float, p_rollout: float
 ):
     stats = _drive(backend, iterations, 22, loop, max_delay, p_rollout)
-    assert stats["calls"] == iterations
+    assert stats["calls"] >= iterations
     assert stats["interrupted"] > 0
     assert stats["groups"] == 0 and stats["other"] == [], stats
     assert stats["stale"] == 0, stats
