@@ -175,7 +175,9 @@ class GymWrapper(GymLikeEnv):
         self._stash: tuple[Any, Any] | None = None  # auto_reset: the next episode's start
         # rows written by _step_into / _reset_into: id -> (row, numpy views of its leaves)
         self._views: dict[int, tuple[TensorDictBase, tuple[np.ndarray, ...]]] = {}
-        self._last_views: list[Any] = [None, None]  # (the row stepped into last, its views)
+        #: the two rows stepped into last and their views, the latest first (a process
+        #: worker's two banks of slots take turns)
+        self._last_views: list[Any] = [None, None, None, None]
         # a rollout's actions converted a block of rows at a time: (buffer, its version,
         # first row, end row, values)
         self._row_actions: tuple[torch.Tensor, int, int, int, list[Any]] | None = None
@@ -324,7 +326,7 @@ class GymWrapper(GymLikeEnv):
         super()._forget_decisions()
         last = self.__dict__.get("_last_views")  # (None while __init__ runs)
         if last is not None:
-            last[:] = None, None
+            last[:] = None, None, None, None
 
     def _plain_step(
         self,
@@ -419,16 +421,19 @@ class GymWrapper(GymLikeEnv):
     ) -> bool | TensorDictBase:
         """The plain path writes gymnasium's outputs straight into the row's numpy views
         (no tensor or TensorDict made per step); anything else takes the default."""
-        # (the row stepped into last, a rollout's every step: kept while _writes_rows_now's
-        # decision stands, see _forget_decisions; attribute reads are dear on this class,
-        # whose __getattr__ turns off the interpreter's fast ones)
+        # (the rows stepped into last, a rollout's every step, a worker's two banks: kept
+        # while _writes_rows_now's decision stands, see _forget_decisions; attribute reads
+        # are dear on this class, whose __getattr__ turns off the interpreter's fast ones)
         last = self._last_views
-        if last[0] is out and out is not None and not self._info_readers:
-            return self._plain_step(tensordict, last[1], index or 0)
+        if out is not None and not self._info_readers:
+            if last[0] is out:
+                return self._plain_step(tensordict, last[1], index or 0)
+            if last[2] is out:
+                return self._plain_step(tensordict, last[3], index or 0)
         if out is not None and self._writes_rows_now():
             views = self._row_views(out, _STEP_ROW, index is not None)
             if views is not None:
-                last[:] = out, views
+                last[:] = out, views, last[0], last[1]
                 return self._plain_step(tensordict, views, index or 0)
         return await super()._step_into(tensordict, out, index)
 

@@ -270,6 +270,9 @@ class _Batch:
 
 # An operation on one env: (env, seq, op, data, batch or None).
 _Op = tuple[int, int, str, Any, "_Batch | None"]
+# A batch's op on one env in one bank (see _Runtime._lane): the env, its input slot (None:
+# not inline), its result and reset slots' TensorDicts.
+_Lane = tuple[EnvBase, "Slot | None", Any, Any]
 
 
 class _Runtime:
@@ -301,8 +304,8 @@ class _Runtime:
         #: none was reset
         self.all_carry = bytes([1]) * len(self.indices)
         self.no_reset = bytes(len(self.indices))
-        #: (op, env) -> the env and whether the op runs inline on it (see _slot_batch)
-        self.inline: dict[tuple[str, int], tuple[EnvBase, bool]] = {}
+        #: (op, bank) -> env -> its lane (see :meth:`_lane`)
+        self.lanes: dict[tuple[str, int], dict[int, _Lane]] = {}
         self.envs = envs
         self.fns = fns
         self.slots = slots  # bank 0's
@@ -485,27 +488,24 @@ class _Runtime:
 
     def _slot_batch(self, seq: int, op: str, items: list[tuple[int, Any]], batch: _Batch) -> None:
         """A batch's steps: each env whose input is in its slot and whose step cannot
-        suspend runs right here, as plain calls (:func:`execute_inline`), its result going
-        straight into its slots; any other env takes the general path (:meth:`_submit`)."""
-        envs, slots_of, tasks, broken, seqs = (
-            self.envs,
-            self.banks[batch.bank],
-            self.tasks,
-            self.broken,
-            self.seq,
-        )
-        inline = self.inline
+        suspend runs right here, in a plain loop (:func:`step_rows`, or
+        :func:`execute_inline` under type checks), its result going straight into its
+        slots; any other env takes the general path (:meth:`_submit`)."""
+        envs, tasks, broken, seqs = self.envs, self.tasks, self.broken, self.seq
+        lanes = self.lanes.get((op, batch.bank))
+        if lanes is None:
+            lanes = self.lanes[op, batch.bank] = {}
+        step = op == "step"
         for i, data in items:
             env = envs.get(i)
-            slots = slots_of.get(i)
-            if data is not None or slots is None or env is None or i in tasks or i in broken:
-                self._submit((i, seq, op, data, batch))
-                continue
-            # (runs_inline by class: settled once per env and op, until the env is replaced)
-            known = inline.get((op, i))
-            if known is None or known[0] is not env:
-                known = inline[op, i] = (env, runs_inline(env, op))
-            if not known[1]:
+            lane = lanes.get(i)
+            if lane is None or lane[0] is not env:
+                if env is None:
+                    self._submit((i, seq, op, data, batch))
+                    continue
+                lane = lanes[i] = self._lane(op, batch.bank, i, env)
+            slot = lane[1]
+            if data is not None or slot is None or i in tasks or i in broken:
                 self._submit((i, seq, op, data, batch))
                 continue
             seqs[i] = seq
@@ -516,37 +516,42 @@ class _Runtime:
                 # parent has a step timeout: it hears of each env as it finishes)
                 self._flush()
             try:
-                # lean_inline less what runs_inline settled above, and less the "_step"
-                # mask, which no slot holds (lend hands out the slot's entries alone)
+                # lean_inline less what runs_inline settled in the lane, and less the
+                # "_step" mask, which no slot holds (lend hands out the slot's entries alone)
                 if env.run_type_checks or env._closed:
-                    result = execute_inline(env, op, slots["in"].view())
+                    result = execute_inline(env, op, slot.view())
                 else:
                     # the env's step straight into its result slot where it can write
                     # there, and the reset into its reset slot
-                    reset = slots.get("reset")
-                    nxt, rst = drive(
-                        step_rows(
-                            env,
-                            op,
-                            slots["in"].lend(),
-                            slots["next"].td,
-                            None if reset is None else reset.td,
-                        )
-                    )
-                    if isinstance(nxt, bool) and (rst is None or rst is True):
-                        # every result is in the slots already
-                        self._done(i, seq, batch, SLOT, None if op == "step" else rst is True)
+                    nxt, rst = drive(step_rows(env, op, slot.lend(), lane[2], lane[3]))
+                    if nxt.__class__ is bool and (rst is None or rst is True):
+                        # every result is in the slots already (_done, inline)
+                        batch.entries.append((i, SLOT, None if step else rst is True))
+                        batch.left -= 1
+                        if batch.stream or not batch.left:
+                            self._list(batch)
                         continue
+                    slots = self.banks[batch.bank][i]
+                    assert slots is not None
                     if isinstance(nxt, bool):
                         nxt = slots["next"].read()
                     if rst is True:
-                        assert reset is not None
-                        rst = reset.read()
-                    result = nxt if op == "step" else (nxt, rst)
+                        rst = slots["reset"].read()
+                    result = nxt if step else (nxt, rst)
             except Exception as exc:
                 self._done(i, seq, batch, FAILED, pack_failure(exc))
             else:
                 self._result(i, seq, op, batch, result)
+
+    def _lane(self, op: str, bank: int, i: int, env: EnvBase) -> _Lane:
+        """What a batch's ``op`` on env ``i`` in ``bank`` needs, settled once per env (until
+        it is replaced): its input slot (None: the op does not run inline on it, by class,
+        or it has no slots) and the TensorDicts of its result and reset slots."""
+        slots = self.banks[bank].get(i)
+        if slots is None or not runs_inline(env, op):
+            return (env, None, None, None)
+        reset = slots.get("reset")
+        return (env, slots["in"], slots["next"].td, None if reset is None else reset.td)
 
     def _forget(self, i: int) -> None:
         """Env ``i``'s current operation (and any queued) is given up: no outcome goes

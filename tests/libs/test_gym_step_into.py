@@ -171,6 +171,40 @@ async def test_a_kept_row_follows_instance_assignments_made_between_steps():
     await env.aclose()
 
 
+async def test_two_rows_taking_turns_each_get_their_own_step():
+    # a process worker's two banks of result slots take turns (both rows kept): each step
+    # lands in the row it is given and leaves the other one as it was, and an extension
+    # point assigned on the instance decides on both kept rows
+    written, stepped = GymEnv("CartPole-v1"), GymEnv("CartPole-v1")
+    rows = [TensorDict(leaves_for(written), []) for _ in range(2)]
+    await written.reset(seed=1)
+    await stepped.reset(seed=1)
+    torch.manual_seed(0)
+    episodes = 0
+    for t in range(60):
+        row, other = rows[t % 2], rows[1 - t % 2]
+        kept = other.clone()
+        action = written.rand_action()
+        done = drive(written._step_into(action, row))
+        expected = (await stepped.step(action.clone()))["next"]
+        assert isinstance(done, bool)
+        for key in KEYS:
+            assert torch.equal(row[key], expected[key]), key
+            assert torch.equal(other[key], kept[key]), key
+        if done:
+            episodes += 1
+            await written.reset(seed=episodes)
+            await stepped.reset(seed=episodes)
+    assert episodes >= 1
+    written.read_obs = lambda obs: {"observation": torch.full((4,), 3.0)}  # type: ignore[method-assign]
+    for row in rows:
+        out = drive(written._step_into(written.rand_action(), row))
+        assert isinstance(out, TensorDictBase)
+        assert torch.equal(out["observation"], torch.full((4,), 3.0))
+    await written.aclose()
+    await stepped.aclose()
+
+
 async def test_an_observation_off_its_spec_comes_back_as_a_tensordict():
     # a reader giving another shape than the slot's: nothing half-written is passed off
     # as the step, the caller gets the step's TensorDict to finish as usual
