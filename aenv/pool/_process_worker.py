@@ -525,11 +525,8 @@ class _Runtime:
                     # there, and the reset into its reset slot
                     nxt, rst = drive(step_rows(env, op, slot.lend(), lane[2], lane[3]))
                     if nxt.__class__ is bool and (rst is None or rst is True):
-                        # every result is in the slots already (_done, inline)
-                        batch.entries.append((i, SLOT, None if step else rst is True))
-                        batch.left -= 1
-                        if batch.stream or not batch.left:
-                            self._list(batch)
+                        # every result is in the slots already
+                        self._done(i, seq, batch, SLOT, None if step else rst is True)
                         continue
                     slots = self.banks[batch.bank][i]
                     assert slots is not None
