@@ -683,10 +683,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
 
     # ------------------------------------------------------------------ closing
     async def _aclose(self) -> None:
-        for t in self._tickets:
-            if t is not None and t.timer is not None:
-                t.timer.cancel()
-        self._fail_in_flight()
+        self._fail_in_flight()  # (every ticket released: its step timer cancelled)
         for op in self._recv_waiters:
             self._wake(op, None)
         try:
