@@ -428,6 +428,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             raise TypeError(
                 f"{type(self).__name__}._step must return a TensorDict, got {type(next_td).__name__}"
             )
+        if self._device is not None and next_td.device != self._device:
+            next_td = self._on_device(next_td)
         # (every step of every env passes here: the batch-locked case and a plain
         # TensorDict's string keys read without a call)
         extra = NO_DIMS if self._batch_locked else self._extra_dims(input_td)
@@ -450,6 +452,12 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         if self.run_type_checks:
             self._check_outputs(next_td, extra)
         return next_td
+
+    def _on_device(self, td: TensorDictBase) -> TensorDictBase:
+        """``td`` (a ``_step`` or ``_reset`` output) on the env's device: as in TorchRL, an
+        env's outputs live on ``env.device`` whatever device its code made them on. An env
+        that builds them there (tensors and TensorDict) never pays for this cast."""
+        return td.to(self._device)
 
     def _check_outputs(self, td: TensorDictBase, extra: torch.Size) -> None:
         for name in ("full_observation_spec", "full_reward_spec", "full_done_spec"):
@@ -523,6 +531,8 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             raise TypeError(
                 f"{type(self).__name__}._reset must return a TensorDict, got {type(out).__name__}"
             )
+        if self._device is not None and out.device != self._device:
+            out = self._on_device(out)
         extra = out.batch_size[: out.batch_dims - len(self.batch_size)]
         zeros = self._done_zeros
         if extra:

@@ -18,6 +18,7 @@ __all__ = ["PendulumEnv"]
 _TWO_PI = 2 * math.pi
 _NO_BATCH = torch.Size(())
 
+_CPU = torch.device("cpu")
 _DEFAULTS = {
     "max_speed": 8.0,
     "max_torque": 2.0,
@@ -56,7 +57,9 @@ class PendulumEnv(EnvBase):
         self, td_params: TensorDictBase | None = None, seed: int | None = None, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.td_params = td_params if td_params is not None else self.gen_params()
+        if td_params is None:
+            td_params = self.gen_params()
+        self.td_params = td_params if self.device is None else td_params.to(self.device)
         self._make_specs(self.td_params)
         self._coef_cache: tuple[Any, ...] | None = None
         self.rng = torch.Generator()
@@ -102,12 +105,15 @@ class PendulumEnv(EnvBase):
         else:
             params = tensordict["params"]
         batch = params.batch_size
-        th = (torch.rand(batch, generator=self.rng) * 2 - 1) * math.pi
-        thdot = torch.rand(batch, generator=self.rng) * 2 - 1
-        done = torch.zeros((*batch, 1), dtype=torch.bool)
+        device = self.device
+        # the generator is a CPU one (the same draws on every device)
+        th = ((torch.rand(batch, generator=self.rng) * 2 - 1) * math.pi).to(device)
+        thdot = (torch.rand(batch, generator=self.rng) * 2 - 1).to(device)
+        done = torch.zeros((*batch, 1), dtype=torch.bool, device=device)
         return TensorDict(
             {"th": th, "thdot": thdot, "params": params, "done": done, "terminated": done.clone()},
             batch_size=batch,
+            device=device,
         )
 
     def _coefficients(self, params: TensorDictBase) -> tuple[torch.Tensor, ...]:
@@ -157,7 +163,7 @@ class PendulumEnv(EnvBase):
         new_th = torch.addcmul(th, new_thdot, dt).add_(math.pi).remainder_(2 * math.pi)
         new_th = new_th.sub_(math.pi)
         batch = tensordict.batch_size
-        done = torch.zeros((*batch, 1), dtype=torch.bool)
+        done = torch.zeros((*batch, 1), dtype=torch.bool, device=new_th.device)
         return TensorDict._new_unsafe(
             {
                 "th": new_th,
@@ -168,6 +174,7 @@ class PendulumEnv(EnvBase):
                 "terminated": done.clone(),
             },
             batch_size=batch,
+            device=None if self.device is None else new_th.device,
             nested=False,
         )
 
@@ -202,5 +209,6 @@ class PendulumEnv(EnvBase):
                 "terminated": flags[1],
             },
             batch_size=_NO_BATCH,
+            device=None if self.device is None else _CPU,
             nested=False,
         )

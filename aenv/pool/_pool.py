@@ -107,7 +107,9 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
         max_concurrency: at most this many envs work at once; the others wait their turn
             in the pool (an env never sees work before it has a slot).
         backend_options: options for the backend.
-        device: the pool's device (default: the first sub-env's).
+        device: the pool's device (default: the first sub-env's). It must be where the
+            sub-envs' outputs are (a sub-env without a device counts as the CPU): a pool
+            does not cast; a ``ValueError`` says so at the build.
         close_timeout: seconds ``aclose`` waits for work that ignores cancellation.
         gc_freeze: move what the build, the first whole reset and the first steps made
             to the garbage collector's permanent generation while the pool is open, so
@@ -196,6 +198,17 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 raise BatchSizeError(
                     f"sub-envs must share one batch size: env 0 has {tuple(sub_bs)}, env {i} "
                     f"has {tuple(m.batch_size)}"
+                )
+        if device is not None:
+            device, sub = torch.device(device), metas[0].device
+            made = sub if sub is not None else torch.device("cpu")
+            other_index = None not in (made.index, device.index) and made.index != device.index
+            if made.type != device.type or other_index:
+                raise ValueError(
+                    f"AsyncEnvPool(device={str(device)!r}): the sub-envs' outputs are on "
+                    f"{str(sub) if sub is not None else 'the CPU (their device is None)'}, and "
+                    "a pool does not move data between devices; build the envs on that device, "
+                    "or wrap the pool: TransformedEnv(pool, DeviceCastTransform(device))"
                 )
         self._metas = metas
         self._sub_batch = sub_bs
