@@ -710,6 +710,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         return_contiguous: bool | None = True,
         tensordict: TensorDictBase | None = None,
         set_truncated: bool = False,
+        storing_device: torch.device | str | None = None,
     ) -> TensorDictBase:
         """Run ``max_steps`` steps and stack them along a trailing ``"time"`` dim.
 
@@ -718,6 +719,11 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
         ``break_when_any_done`` (the default) the rollout stops at the first done; with
         ``break_when_all_done`` done elements stop stepping (partial steps) until all are
         done; with neither, done elements are reset and the rollout goes on.
+
+        ``auto_cast_to_device``: a policy with parameters on another device than the env
+        is called on a copy of each step's input cast to that device, and its result is
+        cast back to the env's device before the step. ``storing_device``: the device of
+        the returned rollout (default: where the steps are).
         """
         from aenv.envs._rollout import run_rollout
 
@@ -733,6 +739,7 @@ class EnvBase(EnvSpecsMixin, metaclass=_EnvMeta):
             return_contiguous=return_contiguous,
             tensordict=tensordict,
             set_truncated=set_truncated,
+            storing_device=storing_device,
         )
 
     # ------------------------------------------------------------------ interruption

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
+import torch
 from tensordict import TensorDictBase
 
 from aenv._mdp import time_named, unravel
@@ -70,6 +71,39 @@ async def policy_result(td: TensorDictBase, out: Any) -> TensorDictBase:
     return td.update(out)
 
 
+class _OnPolicyDevice:
+    """A policy called on a copy of the step's input cast to its parameters' device
+    (``auto_cast_to_device``); it gives that copy, which the rollout merges back."""
+
+    __slots__ = ("device", "policy")
+
+    def __init__(self, policy: Callable[..., Any], device: torch.device) -> None:
+        self.policy, self.device = policy, device
+
+    def __call__(self, td: TensorDictBase) -> Any:
+        moved = td.to(self.device)
+        out = self.policy(moved)
+        if inspect.isawaitable(out):
+            return self._finish(moved, out)
+        return moved if out is None else out
+
+    async def _finish(self, moved: TensorDictBase, out: Any) -> Any:
+        out = await out
+        return moved if out is None else out
+
+
+def _policy_device(policy: Any, env: EnvBase) -> torch.device | None:
+    """The device of ``policy``'s first parameter where it differs from the env's (an
+    ``auto_cast_to_device`` rollout casts the policy's input to it), else None."""
+    parameters = getattr(policy, "parameters", None)
+    if not callable(parameters):
+        return None
+    first = next(iter(parameters()), None)
+    if first is None or first.device == env.device:
+        return None
+    return first.device
+
+
 def rollout_policy(env: EnvBase, policy: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """The callable a rollout runs for ``policy``: a plain callable on observation tensors
     (an ``nn.Module`` on the observation, say) is wrapped to read the observations and write
@@ -100,6 +134,7 @@ async def run_rollout(
     set_truncated: bool,
     reset_done: bool = True,
     until: Callable[[], bool] | None = None,
+    storing_device: torch.device | str | None = None,
 ) -> TensorDictBase:
     """The rollout of :meth:`~aenv.EnvBase.rollout` (its arguments), and for the lockstep
     collector: with ``reset_done=False`` an env whose episode ended is not reset (not the
@@ -116,7 +151,10 @@ async def run_rollout(
             raise RuntimeError("tensordict cannot be passed when auto_reset=True")
     elif tensordict is None:
         raise RuntimeError("a tensordict is required when auto_reset=False")
+    policy_device = _policy_device(policy, env) if auto_cast_to_device else None
     policy = rollout_policy(env, policy)
+    if policy is not None and policy_device is not None:
+        policy = _OnPolicyDevice(policy, policy_device)
     if reset_done and tensordict is not None and env._any_done_write_reset(tensordict):
         # a rollout going on from a given tensordict (the last step of another, say): what
         # it says is done is reset first, as TorchRL does; nothing else is
@@ -187,13 +225,18 @@ async def run_rollout(
     except PoolError as err:
         # a pool's sub-env failed: the steps done before are the caller's, not lost
         if store[0].count:
-            err.rollout = time_named(store[0].finish())
+            err.rollout = _stored(time_named(store[0].finish()), storing_device)
         raise
     finally:
         store[0].close()
     if set_truncated:
         store[0].set_truncated()
-    return time_named(store[0].finish())
+    return _stored(time_named(store[0].finish()), storing_device)
+
+
+def _stored(td: TensorDictBase, device: torch.device | str | None) -> TensorDictBase:
+    """A rollout's result on its ``storing_device`` (None: where the steps left it)."""
+    return td if device is None or td.device == torch.device(device) else td.to(device)
 
 
 async def _loop(

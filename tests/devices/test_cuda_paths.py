@@ -164,3 +164,15 @@ def test_sync_collector_of_a_cuda_env_stores_on_cpu():
     batches = [b for b in c]
     c.shutdown()
     assert len(batches) == 2 and all(_devices(b) == {"cpu"} for b in batches)
+
+
+async def test_rollout_casts_to_a_cuda_policy_and_stores_where_asked():
+    net = TensorDictModule(torch.nn.Linear(3, 1).cuda(), ["observation"], ["action"])
+    env = GymEnv("Pendulum-v1", device="cpu")
+    with torch.no_grad():
+        r = await env.rollout(5, net, auto_cast_to_device=True)
+    assert r.device.type == "cpu" and _devices(r) == {"cpu"}
+    with pytest.raises(RuntimeError, match="device"):  # without the cast: CPU data
+        await env.rollout(5, net)
+    r = await GymEnv("Pendulum-v1", device="cuda").rollout(5, storing_device="cpu")
+    assert r.device.type == "cpu" and _devices(r) == {"cpu"}

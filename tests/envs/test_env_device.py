@@ -71,3 +71,37 @@ async def test_pool_refuses_a_device_its_envs_are_not_on(backend):
     async with AsyncEnvPool(fns, backend=backend, device="cpu") as pool:
         assert pool.device == torch.device("cpu")
         assert (await pool.reset()).device == torch.device("cpu")
+
+
+async def test_rollout_storing_device():
+    env = PendulumEnv()
+    r = await env.rollout(4, storing_device="cpu")
+    assert r.device == torch.device("cpu") and r["next"].device == torch.device("cpu")
+    assert (await env.rollout(4)).device is None
+
+
+class _DeviceProbe(torch.nn.Module):
+    """A policy that records the device of what it is handed (its parameter on the CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def forward(self, td):
+        self.seen.append(td.device)
+        td.set("action", torch.zeros(*td.batch_size, 1))  # in place, on the copy it got
+
+
+async def test_auto_cast_to_device_hands_the_policy_its_device_and_keeps_its_action():
+    # the env without a device, the policy's parameter on the CPU: the policy is handed
+    # a copy cast to the CPU, and the action it writes into that copy is stepped with
+    env = PendulumEnv()
+    policy = _DeviceProbe()
+    r = await env.rollout(3, policy, auto_cast_to_device=True)
+    assert policy.seen == [torch.device("cpu")] * 3
+    assert torch.equal(r["action"], torch.zeros(3, 1))
+    # without the flag the policy sees the step's own input
+    policy.seen.clear()
+    await env.rollout(3, policy)
+    assert policy.seen == [None] * 3
