@@ -214,36 +214,36 @@ class EpisodeStream:
     async def _slot(self, specs: Iterator[EpisodeSpec], env_index: int, send: Any) -> None:
         """Env ``env_index``'s episodes, one after another: each takes the source's next
         prompt the moment the one before ends. One task per env, not one per episode (a
-        task group's task costs about as much as a turn's framework work)."""
+        task group's task costs about as much as a turn's framework work), and each episode
+        played right here, not in a coroutine of its own: every resume of the episode's
+        task (twice a turn) passes one coroutine frame fewer."""
+        timeout = self.episode_timeout
         for spec in specs:
-            await self._episode(spec, env_index, send)
-
-    async def _episode(self, spec: EpisodeSpec, env_index: int, send: Any) -> None:
-        ep = Episode(
-            prompt=_plain(spec.prompt),
-            prompt_index=spec.prompt_index,
-            epoch=spec.epoch,
-            group=spec.group,
-            env_index=env_index,
-            started_at=time.time(),
-        )
-        try:
-            if self.episode_timeout is None:
-                await self._play(ep, spec, env_index)  # (no scope of its own to enter)
-            else:
-                with anyio.CancelScope() as scope:
-                    scope.deadline = anyio.current_time() + self.episode_timeout
-                    await self._play(ep, spec, env_index)
-                if scope.cancelled_caught:
-                    ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
-                    if ep.turns:
-                        ep.turns[-1].truncated = True
-        except Exception as exc:
-            # the env (on_error="raise") or the policy failed: the episode keeps the error
-            ep.done_reason = "error"
-            ep.error = ErrorInfo.from_exception(exc)
-        ep.ended_at = time.time()
-        self._finish(ep, send)
+            ep = Episode(
+                prompt=_plain(spec.prompt),
+                prompt_index=spec.prompt_index,
+                epoch=spec.epoch,
+                group=spec.group,
+                env_index=env_index,
+                started_at=time.time(),
+            )
+            try:
+                if timeout is None:
+                    await self._play(ep, spec, env_index)  # (no scope of its own to enter)
+                else:
+                    with anyio.CancelScope() as scope:
+                        scope.deadline = anyio.current_time() + timeout
+                        await self._play(ep, spec, env_index)
+                    if scope.cancelled_caught:
+                        ep.done_reason = "timeout"  # (its env's step was cancelled and freed)
+                        if ep.turns:
+                            ep.turns[-1].truncated = True
+            except Exception as exc:
+                # the env (on_error="raise") or the policy failed: the episode keeps the error
+                ep.done_reason = "error"
+                ep.error = ErrorInfo.from_exception(exc)
+            ep.ended_at = time.time()
+            self._finish(ep, send)
 
     async def _play(self, ep: Episode, spec: EpisodeSpec, env_index: int) -> None:
         pool, policy, max_turns = self.pool, self.policy, self.max_turns

@@ -370,6 +370,8 @@ class StreamMixin(_Dispatcher):
 def _as_index(value: Any) -> int:
     """An env index: an int (a numpy or 0-d torch integer too); anything else is refused,
     never rounded."""
+    if type(value) is int:  # (the usual index: every step_one / reset_one reads one)
+        return value
     if isinstance(value, torch.Tensor) and value.ndim == 0:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)):
