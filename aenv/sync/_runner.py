@@ -315,11 +315,8 @@ class Runner:
             return await coro
         finally:
             task = self._driving
-            if (
-                task is not None
-                and not getattr(self._loop, "_ready", True)
-                and task is asyncio.current_task()
-            ):
+            # (``coro`` is the call driven now, not one left by an interrupted call)
+            if task is not None and self._call is coro and not getattr(self._loop, "_ready", True):
                 self._driving = None
                 task.remove_done_callback(self._stop_driving)
                 self._loop.stop()
