@@ -70,10 +70,6 @@ def _new_loop(use_uvloop: bool | None) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
 class _Job:
     """One unit of work for the background thread, and its outcome."""
 
@@ -140,6 +136,9 @@ class Runner:
         self._lock = threading.Lock()  # held while the loop runs, in whichever thread
         self._closed = False
         self._forked = False
+        #: the task :meth:`_drive` runs the loop for (its end stops the loop)
+        self._driving: asyncio.Task[Any] | None = None
+        self._call: Awaitable[Any] | None = None  # (the coroutine of the call in it)
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -269,8 +268,8 @@ class Runner:
                 _discard(coro)
                 raise RuntimeError(f"{self!r} is closed")
             loop = self._loop
-            if not asyncio.iscoroutine(coro):
-                coro = _await(coro)
+            self._call = coro
+            coro = self._stopping(coro)
             if job is None:
                 task = loop.create_task(coro)
             else:
@@ -305,10 +304,48 @@ class Runner:
         finally:
             self._lock.release()
 
+    async def _stopping(self, coro: Awaitable[T]) -> T:
+        """``coro``, whose end stops the loop while :meth:`_drive` runs it for this task and
+        nothing else is ready to run: the loop exits in the turn the call ends, where the
+        task's done callback would stop it one turn later (a loop turn per facade call, its
+        selector poll included). Where callbacks are ready (or the loop does not show its
+        ready queue: uvloop), the done callback stops the loop after them, as
+        ``run_until_complete`` does."""
+        try:
+            return await coro
+        finally:
+            task = self._driving
+            # (``coro`` is the call driven now, not one left by an interrupted call)
+            if task is not None and self._call is coro and not getattr(self._loop, "_ready", True):
+                self._driving = None
+                task.remove_done_callback(self._stop_driving)
+                self._loop.stop()
+
+    def _stop_driving(self, task: asyncio.Task[Any]) -> None:
+        """``task`` ended with callbacks ready, or without :meth:`_stopping`'s ``finally``
+        (cancelled before its first step: the call's own coroutine, never started, is
+        closed): stop the loop as ``run_until_complete`` would."""
+        if self._driving is task:
+            self._driving = None
+            self._loop.stop()
+            _discard(self._call)
+
     def _drive(self, task: asyncio.Task[T]) -> T:
         loop = self._loop
         try:
-            return loop.run_until_complete(task)
+            if task.done():  # (finished in its first step, other callbacks ready)
+                return loop.run_until_complete(task)
+            self._driving = task
+            task.add_done_callback(self._stop_driving)
+            try:
+                loop.run_forever()
+            finally:
+                if self._driving is task:
+                    self._driving = None
+                    task.remove_done_callback(self._stop_driving)
+            if not task.done():  # (stopped by someone else: run_until_complete's error)
+                raise RuntimeError("Event loop stopped before Future completed.")
+            return task.result()
         except BaseException:
             # KeyboardInterrupt (or a stopped loop) left the task pending: cancel it and let
             # its cleanup run before the exception goes on.

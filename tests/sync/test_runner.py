@@ -523,3 +523,38 @@ def test_timeout_covers_waiting_for_a_busy_loop(runner: Runner) -> None:
     runner.loop.call_soon_threadsafe(release.set)
     t.join()
     assert results == ["held"] and ran == []
+
+
+def test_a_call_that_suspends_runs_what_its_last_step_scheduled(runner: Runner) -> None:
+    # The loop stops in the turn a suspended call ends, unless callbacks are ready: those
+    # still run before the call returns (a closed transport's callbacks, for one).
+    seen: list[str] = []
+
+    async def body() -> int:
+        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(seen.append, "callback")
+        return 7
+
+    assert runner.run(body) == 7
+    assert seen == ["callback"]
+    assert asyncio._get_running_loop() is None and not runner.loop.is_running()
+
+    async def stops_its_loop() -> None:  # as run_until_complete: the call fails
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.05)
+
+    with pytest.raises(RuntimeError, match="stopped before"):
+        runner.run(stops_its_loop)
+    assert runner.run(_add, 2, 3) == 5  # the loop is still consistent
+
+
+def test_a_call_cancelled_before_its_first_step_ends(runner: Runner) -> None:
+    # A task cancelled before its coroutine started never runs the coroutine's cleanup:
+    # its done callback stops the loop instead (no hang).
+    loop = runner.loop
+    runner._call = call = _add(1)
+    task = loop.create_task(runner._stopping(call))
+    task.cancel()
+    with runner._lock, pytest.raises(asyncio.CancelledError):
+        runner._drive(task)
+    assert runner.run(_add, 2, 3) == 5
