@@ -208,9 +208,10 @@ def _columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def markdown_table(title: str, rows: list[dict[str, Any]]) -> str:
-    """Renders rows (dicts; columns in first-seen key order) as a titled markdown table."""
+    """Renders rows (dicts; columns in first-seen key order) as a titled markdown table (an
+    empty title: the table alone, under a heading of the caller's)."""
     columns = _columns(rows)
-    lines = [f"### {title}", ""]
+    lines = [f"### {title}", ""] if title else []
     if not columns:
         lines.append("(no rows)")
         return "\n".join(lines) + "\n"
