@@ -65,7 +65,9 @@ class FinancialRegimeEnv(EnvBase):
         if window_size < 2:
             raise ValueError(f"window_size must be >= 2, got {window_size}")
         self.window_size = window_size
-        self.td_params = td_params if td_params is not None else self.gen_params()
+        if td_params is None:
+            td_params = self.gen_params()
+        self.td_params = td_params if self.device is None else td_params.to(self.device)
         params = Composite({k: Unbounded((), dtype=torch.float32) for k in _PARAMS})
         self.observation_spec = Composite(
             price_history=Unbounded((window_size,), dtype=torch.float32),
@@ -121,6 +123,7 @@ class FinancialRegimeEnv(EnvBase):
                 "params": params,
             },
             batch_size=batch,
+            device=dev,
         )
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -162,4 +165,5 @@ class FinancialRegimeEnv(EnvBase):
                 "truncated": truncated.clone(),
             },
             batch_size=batch,
+            device=self.device,
         )

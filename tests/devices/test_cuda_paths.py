@@ -16,16 +16,20 @@ from tensordict.nn import TensorDictModule
 
 from aenv import (
     AsyncEnvPool,
+    ChessEnv,
     Collector,
     DeviceCastTransform,
+    FinancialRegimeEnv,
     GymEnv,
     ParallelEnv,
     PendulumEnv,
     SerialEnv,
     SyncDataCollector,
+    TicTacToeEnv,
     TransformedEnv,
     rollout,
 )
+from aenv.testing import CountingEnv
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -176,3 +180,15 @@ async def test_rollout_casts_to_a_cuda_policy_and_stores_where_asked():
         await env.rollout(5, net)
     r = await GymEnv("Pendulum-v1", device="cuda").rollout(5, storing_device="cpu")
     assert r.device.type == "cpu" and _devices(r) == {"cpu"}
+
+
+@pytest.mark.parametrize(
+    "make", [PendulumEnv, FinancialRegimeEnv, TicTacToeEnv, CountingEnv, ChessEnv]
+)
+async def test_builtin_envs_on_cuda(make):
+    if make is ChessEnv:
+        pytest.importorskip("chess")
+    env = make(device="cuda")
+    r = await env.rollout(5, break_when_any_done=False)
+    assert r.device.type == "cuda" and _devices(r) <= {"cuda"}
+    assert _devices(r) == {"cuda"}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from aenv import AsyncEnvPool, Composite, EnvBase, PendulumEnv, Unbounded
+from aenv import AsyncEnvPool, Composite, EnvBase, FinancialRegimeEnv, PendulumEnv, Unbounded
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,3 +105,11 @@ async def test_auto_cast_to_device_hands_the_policy_its_device_and_keeps_its_act
     policy.seen.clear()
     await env.rollout(3, policy)
     assert policy.seen == [None] * 3
+
+
+async def test_financial_env_builds_on_its_device():
+    env = FinancialRegimeEnv(device="cpu")
+    assert env.td_params.device == torch.device("cpu")
+    r = await env.rollout(3)
+    assert r.device == torch.device("cpu") and r["next"].device == torch.device("cpu")
+    assert (await FinancialRegimeEnv().reset()).device is None
