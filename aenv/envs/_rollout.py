@@ -71,25 +71,14 @@ async def policy_result(td: TensorDictBase, out: Any) -> TensorDictBase:
     return td.update(out)
 
 
-class _OnPolicyDevice:
-    """A policy called on a copy of the step's input cast to its parameters' device
-    (``auto_cast_to_device``); it gives that copy, which the rollout merges back."""
+def _on_device(policy: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """``policy`` called on a copy of the step's input cast to ``device`` (its parameters'
+    device: ``auto_cast_to_device``); the copy it gives is merged back by the rollout."""
 
-    __slots__ = ("device", "policy")
+    async def on_device(td: TensorDictBase) -> TensorDictBase:
+        return await call_policy(policy, td.to(device))
 
-    def __init__(self, policy: Callable[..., Any], device: torch.device) -> None:
-        self.policy, self.device = policy, device
-
-    def __call__(self, td: TensorDictBase) -> Any:
-        moved = td.to(self.device)
-        out = self.policy(moved)
-        if inspect.isawaitable(out):
-            return self._finish(moved, out)
-        return moved if out is None else out
-
-    async def _finish(self, moved: TensorDictBase, out: Any) -> Any:
-        out = await out
-        return moved if out is None else out
+    return on_device
 
 
 def _policy_device(policy: Any, env: EnvBase) -> torch.device | None:
@@ -154,7 +143,7 @@ async def run_rollout(
     policy_device = _policy_device(policy, env) if auto_cast_to_device else None
     policy = rollout_policy(env, policy)
     if policy is not None and policy_device is not None:
-        policy = _OnPolicyDevice(policy, policy_device)
+        policy = _on_device(policy, policy_device)
     if reset_done and tensordict is not None and env._any_done_write_reset(tensordict):
         # a rollout going on from a given tensordict (the last step of another, say): what
         # it says is done is reset first, as TorchRL does; nothing else is

@@ -478,8 +478,7 @@ class _Dispatcher:
         stops the work and frees the env (see :meth:`cancel`)."""
         if self._orphans:
             await self._wait_orphans()
-        if self._tickets[i] is not None:
-            self._check_free((i,))  # (raises EnvBusyError)
+        self._check_free((i,))
         t = _Ticket(i, op, payload, None, 0)
         fut = t.future = asyncio.get_running_loop().create_future()
         self._enqueue(t)

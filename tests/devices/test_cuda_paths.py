@@ -190,5 +190,4 @@ async def test_builtin_envs_on_cuda(make):
         pytest.importorskip("chess")
     env = make(device="cuda")
     r = await env.rollout(5, break_when_any_done=False)
-    assert r.device.type == "cuda" and _devices(r) <= {"cuda"}
-    assert _devices(r) == {"cuda"}
+    assert r.device.type == "cuda" and _devices(r) == {"cuda"}
