@@ -88,7 +88,7 @@ def serial_copy(value: torch.Tensor) -> torch.Tensor:
         except (TypeError, RuntimeError):  # (a dtype numpy lacks, a conjugate view)
             pass
         else:
-            out = torch.empty(value.shape, dtype=value.dtype)
+            out = torch.empty(value.shape, dtype=value.dtype, device=value.device)
             out.numpy()[...] = src
             return out
     return value.clone(memory_format=torch.contiguous_format)
