@@ -23,8 +23,9 @@ the parent) gathering batches of 512 frames from 8 envs, at the first two costs:
 (after the first batch) and the parent's CPU per batched step.
 
 Each cell is env-steps/s and its share of the limit; the last column is the parent's CPU
-time per batch step of aenv's 2 x 4 layout (its thread time over the rollouts: the sync
-facade drives the pool's loop in the calling thread). The costs are measured, not assumed: the
+time per batch step of aenv's 2 x 4 layout (its process time over the rollouts: the sync
+facade drives the pool's loop in the calling thread, and any thread torch starts there takes
+its CPU from the workers too). The costs are measured, not assumed: the
 loop's turns per microsecond are calibrated in this process, and "cost per env step" is the
 limit's own CPU time per env step (CartPole's step and its resets included).
 
@@ -104,19 +105,20 @@ def _limit(iters: int, steps: int) -> dict[str, float]:
 
 
 def _aenv(iters: int, steps: int, workers: int, repeats: int) -> tuple[float, float]:
-    """env-steps/s (best of ``repeats``) and the parent's CPU time per batch step (us; the
-    sync facade runs its loop in this thread, so its thread time is the parent's share)."""
+    """env-steps/s (best of ``repeats``) and the parent's CPU time per batch step (us; its
+    process time: the sync facade runs its loop in this thread, torch's intra-op threads
+    count too)."""
     from aenv.sync import ParallelEnv
 
     env = ParallelEnv(N_ENVS, partial(_aenv_spin, iters), num_processes=workers)
     try:
         env.set_seed(0)
         env.reset()
-        cpu = time.thread_time()
+        cpu = time.process_time()
         seconds = best_of(
             lambda: env.rollout(steps, break_when_any_done=False), repeats=repeats, warmup=1
         )
-        cpu = time.thread_time() - cpu
+        cpu = time.process_time() - cpu
     finally:
         env.close()
     return N_ENVS * steps / seconds, cpu / ((repeats + 1) * steps) * 1e6
@@ -139,12 +141,12 @@ def _aenv_collector(iters: int, batches: int, frames: int) -> tuple[float, float
         with torch.no_grad():
             for i, batch in enumerate(collector):
                 if i == 0:  # (steady state: from the end of the first batch, as the peer)
-                    t0, c0 = time.perf_counter(), time.thread_time()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     continue
                 count += batch.numel()
                 if i == batches:
                     break
-            seconds, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         if collector is not None:
             collector.shutdown()

@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from aenv._mdp import mask_merge
 from aenv.envs._rollout_steps import _any_done, _Draws, _TensorDicts
 from aenv.envs._rollout_stores import _Fallback, _TimeRows, plan_time_rows
+from aenv.envs._rowplan import serial_copy
 
 if TYPE_CHECKING:
     from aenv.envs._common import EnvBase
@@ -376,6 +377,6 @@ def _time_last(td: TensorDictBase, dims: int, batch: torch.Size) -> TensorDictBa
         if isinstance(value, TensorDictBase):
             entries[key] = _time_last(value, dims, batch)
         else:
-            entries[key] = value.movedim(0, dims).contiguous()
+            entries[key] = serial_copy(value.movedim(0, dims))  # (see serial_copy)
     size = torch.Size((*batch, td.batch_size[0]))
     return TensorDict._new_unsafe(entries, size, td.device, nested=False)  # type: ignore[arg-type]

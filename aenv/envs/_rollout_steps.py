@@ -26,6 +26,9 @@ __all__ = ["_Draws", "_StepStore", "_TensorDicts", "_any_done", "_done_mask"]
 # chunk up to _DRAW_MAX (a rollout that stops at its first done draws few it does not use)
 _DRAW_MIN = 16
 _DRAW_MAX = 1024
+#: and at most this many elements per action leaf: torch runs an op on its intra-op threads
+#: from 32k elements (see :func:`aenv.envs._rowplan.serial_copy`)
+_DRAW_ELEMENTS = 16384
 
 
 def _done_mask(env: EnvBase, td: TensorDictBase) -> torch.Tensor:
@@ -54,6 +57,9 @@ class _Draws:
     def __init__(self, env: EnvBase, max_steps: int) -> None:
         self.specs = [(key, spec) for key, spec, _ in env._action_checks]
         self.left = max_steps
+        per_step = max([spec.shape.numel() for _, spec in self.specs] or [1])
+        #: the largest chunk: _DRAW_MAX steps, fewer where they hold over _DRAW_ELEMENTS
+        self.most = max(1, min(_DRAW_MAX, _DRAW_ELEMENTS // max(per_step, 1)))
         self.size = _DRAW_MIN
         self.start = self.end = 0
         self.rows: list[tuple[Any, tuple[torch.Tensor, ...]]] = []
@@ -73,8 +79,8 @@ class _Draws:
 
     def chunk(self, t: int) -> dict[Any, torch.Tensor]:
         """Draw the actions of steps ``t`` to ``t + k`` (k the chunk size): key -> ``(k, ...)``."""
-        k = min(self.size, self.left)
-        self.size = min(self.size * 2, _DRAW_MAX)
+        k = min(self.size, self.left, self.most)
+        self.size = min(self.size * 2, self.most)
         self.left -= k
         self.start, self.end = t, t + k
         self.current = {key: spec.rand((k,)) for key, spec in self.specs}

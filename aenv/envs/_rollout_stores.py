@@ -21,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from aenv._mdp import unravel
 from aenv.envs._rollout_steps import _any_done, _done_mask, _Draws, _StepStore, _TensorDicts
-from aenv.envs._rowplan import STEP_GROUPS, plan_rows
+from aenv.envs._rowplan import STEP_GROUPS, plan_rows, serial_copy
 from aenv.exceptions import SpecViolationError
 
 if TYPE_CHECKING:
@@ -165,7 +165,11 @@ class _TimeRows:
         self.reset_out = td(after)  # a reset's rows (row t: step t + 1's input)
         self.order = list(first.keys())
         specs = {key: spec for key, spec, _ in env._action_checks}
-        self.action_rows = {key: specs[key].zero((steps,)) for key in actions}
+        # (zeroed rows copied by numpy: see serial_copy)
+        self.action_rows = {
+            key: serial_copy(specs[key].zero().unsqueeze(0).expand(steps, *specs[key].shape))
+            for key in actions
+        }
         given = first._tensordict
         for key in actions:
             self.action_rows[key][0] = given[key]
@@ -316,7 +320,7 @@ class _TimeRows:
             if key in self.rewards:
                 entries[key] = self.rewards[key][:n]
             else:
-                entries[key] = self.shared[key][1 : n + 1].clone()
+                entries[key] = serial_copy(self.shared[key][1 : n + 1])
         # (the rows kept aside at episode ends, put back through numpy: a row written
         # into a tensor costs several times a numpy array's)
         arrays: dict[str, np.ndarray] = {}

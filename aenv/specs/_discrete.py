@@ -81,7 +81,10 @@ def one_hot_rows(idx: torch.Tensor, n: int, dtype: torch.dtype, device: Any) -> 
     if idx.ndim == 1:
         return eye.index_select(0, idx)  # (a fresh tensor; cheaper than eye[idx])
     if idx.ndim:
-        return eye[idx]  # advanced indexing with a >= 1-dim index copies
+        # (not eye[idx]: advanced indexing runs on torch's intra-op threads from ~2k
+        # indices, a rollout's chunk of random actions, see aenv.envs._rowplan.serial_copy;
+        # index_select stays in the calling thread up to ~8k)
+        return eye.index_select(0, idx.reshape(-1)).reshape(*idx.shape, n)
     if rows is not None and idx.is_cpu:
         return torch.from_numpy(rows[idx.item()].copy())  # type: ignore[index]
     return eye[idx].clone()  # a 0-dim index gives a view of ``eye``
