@@ -6,6 +6,7 @@ A pool stacks one row per env (:mod:`aenv.pool._rows`); a rollout one row per ti
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,16 +83,15 @@ def serial_copy(value: torch.Tensor) -> torch.Tensor:
     cost 20-50 us per step of a 2,000-step rollout of 8 CartPoles on 2 worker processes
     (2 cores; parent CPU time). numpy copies in the calling thread.
     """
+    src = None
     if value.device.type == "cpu" and not value.requires_grad:
-        try:
+        with contextlib.suppress(TypeError, RuntimeError):  # (a dtype numpy lacks: bfloat16)
             src = value.numpy()
-        except (TypeError, RuntimeError):  # (a dtype numpy lacks, a conjugate view)
-            pass
-        else:
-            out = torch.empty(value.shape, dtype=value.dtype, device=value.device)
-            out.numpy()[...] = src
-            return out
-    return value.clone(memory_format=torch.contiguous_format)
+    if src is None:
+        return value.clone(memory_format=torch.contiguous_format)
+    out = torch.empty(value.shape, dtype=value.dtype, device=value.device)
+    out.numpy()[...] = src
+    return out
 
 
 def writes_rows(env: EnvBase) -> bool:
