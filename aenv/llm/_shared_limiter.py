@@ -147,7 +147,11 @@ class SharedLimiter(Limiter):
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self._check_cap(max_concurrent)
         self._paths = [os.path.join(self.directory, f"slot-{k}") for k in range(max_concurrent)]
-        self._held: list[int] = []  # descriptors of the slot files this process holds
+        # the slot files this process holds: (descriptor, path)
+        self._held: list[tuple[int, str]] = []
+        # the slot files one of this process's holders holds or one of its waiters waits for:
+        # each by one at most, so that no waiter waits for a file this process holds itself
+        self._claimed: set[str] = set()
         self._held_lock = threading.Lock()
         self._held_peak = 0
         self._turn = 0
@@ -195,38 +199,54 @@ class SharedLimiter(Limiter):
         """Wait for a slot of this process's queue, then for a slot file."""
         await self._acquire_slot()  # the in-process queue (Limiter's)
         try:
-            fd = await self._take_file()
+            held = await self._take_file()
         except BaseException:
             Limiter.release(self)
             raise
         with self._held_lock:
-            self._held.append(fd)
+            self._held.append(held)
             self._held_peak = max(self._held_peak, len(self._held))
 
     def release(self) -> None:
         """Give a slot back (its file first, then this process's queue)."""
         with self._held_lock:
-            fd = self._held.pop() if self._held else None
-        if fd is None:
-            raise RuntimeError(f"{self!r}: release() without a slot held")
+            if not self._held:
+                raise RuntimeError(f"{self!r}: release() without a slot held")
+            fd, path = self._held.pop()
+            self._claimed.discard(path)
         os.close(fd)  # (closing lets go of the hold)
         Limiter.release(self)
 
-    async def _take_file(self) -> int:
-        for path in self._paths:
+    async def _take_file(self) -> tuple[int, str]:
+        """A slot file this process neither holds nor waits for already: a free one at
+        once, or else the wait for one (its descriptor and path, claimed)."""
+        with self._held_lock:
+            # (never empty: the in-process queue lets at most the cap's acquirers through,
+            # this one among them, so the others claim fewer than the cap)
+            free = [path for path in self._paths if path not in self._claimed]
+        for path in free:
             fd = _try_lock(path)
             if fd is not None:
-                return fd
-        # every slot is held (by other processes: this one holds fewer than the cap): wait
-        # for one, in turn, so that this process's waiters spread over the files
+                with self._held_lock:
+                    self._claimed.add(path)
+                return fd, path
+        # each of those slots is held by another process (or, for a moment, by a cancelled
+        # waiter's thread about to let go): wait for one, in turn, so that this process's
+        # waiters spread over them. Never for a file this process holds: another process
+        # letting go of its slot would go unnoticed until this process let go of its own.
         self._turn = (self._turn + 1) % len(self._paths)
-        wait = _Wait(self._paths[self._turn], asyncio.get_running_loop())
-        wait.start()
+        path = free[self._turn % len(free)]
+        with self._held_lock:
+            self._claimed.add(path)
+        wait = _Wait(path, asyncio.get_running_loop())
         try:
+            wait.start()
             fd = await wait.future
         except BaseException:
             wait.abandon()
+            with self._held_lock:
+                self._claimed.discard(path)
             raise
         with wait.lock:
             wait.fd = None  # (ours now: the thread is done with it)
-        return fd
+        return fd, path

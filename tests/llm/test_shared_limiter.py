@@ -116,6 +116,31 @@ async def test_a_cancelled_waiter_takes_no_slot(tmp_path):
         lim.release()
 
 
+async def test_a_waiter_never_waits_for_a_slot_this_process_holds(tmp_path):
+    # another process holds slot-0, this one slot-1; a second acquire here must wait for
+    # slot-0 (it once waited in turn for slot-1, its own, and missed slot-0 coming free)
+    lim = SharedLimiter("own", 2, directory=str(tmp_path))
+    holder = hold_in_subprocess("own", 2, str(tmp_path), 1)
+    try:
+        await lim.acquire()
+        assert lim.active == 1
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lim.acquire)
+                # (the acquire found no free slot and waits in its thread: the holder's slot
+                # must come free only now, or a plain retry would find it)
+                while not any(t.name == "aenv-shared-limiter" for t in threading.enumerate()):
+                    await anyio.sleep(0.01)
+                holder.kill()
+                holder.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lim.active == 2
+    lim.release()
+    lim.release()
+
+
 def test_pickling_names_the_same_slots_and_caps_must_agree(tmp_path):
     lim = SharedLimiter("pickled", 4, directory=str(tmp_path))
     copy = pickle.loads(pickle.dumps(lim))
