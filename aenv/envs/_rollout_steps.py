@@ -57,7 +57,7 @@ class _Draws:
     def __init__(self, env: EnvBase, max_steps: int) -> None:
         self.specs = [(key, spec) for key, spec, _ in env._action_checks]
         self.left = max_steps
-        per_step = max([spec.shape.numel() for _, spec in self.specs] or [1])
+        per_step = max((spec.shape.numel() for _, spec in self.specs), default=1)
         #: the largest chunk: _DRAW_MAX steps, fewer where they hold over _DRAW_ELEMENTS
         self.most = max(1, min(_DRAW_MAX, _DRAW_ELEMENTS // max(per_step, 1)))
         self.size = _DRAW_MIN

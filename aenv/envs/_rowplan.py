@@ -10,7 +10,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from aenv.specs import Composite, NonTensor
 
@@ -56,20 +56,8 @@ def plan_rows(env: EnvBase, groups: tuple[str, ...], n: int) -> TensorDictBase |
         row.update(part)
     if any(not isinstance(v, torch.Tensor) for v in row.values(True, True)):
         return None
-    entries = row._tensordict  # type: ignore[attr-defined]
-    if any(type(v) is not torch.Tensor for v in entries.values()):
-        # (a nested level: copied by torch, as one TensorDict)
-        return row.unsqueeze(0).expand(n, *row.batch_size).clone().contiguous()
     # (one zeroed tensor per leaf: stacking n rows costs a TensorDict per row)
-    return TensorDict._new_unsafe(
-        {
-            key: serial_copy(leaf.unsqueeze(0).expand(n, *leaf.shape))
-            for key, leaf in entries.items()
-        },
-        torch.Size((n, *row.batch_size)),
-        row.device,
-        nested=False,
-    )
+    return row.unsqueeze(0).expand(n, *row.batch_size).apply(serial_copy)
 
 
 def serial_copy(value: torch.Tensor) -> torch.Tensor:

@@ -116,6 +116,11 @@ async def test_a_cancelled_waiter_takes_no_slot(tmp_path):
         lim.release()
 
 
+def _waiting_threads() -> list[threading.Thread]:
+    """The threads in which SharedLimiter waiters wait for a slot file."""
+    return [t for t in threading.enumerate() if t.name == "aenv-shared-limiter"]
+
+
 async def test_a_waiter_never_waits_for_a_slot_this_process_holds(tmp_path):
     # another process holds slot-0, this one slot-1; a second acquire here must wait for
     # slot-0 (it once waited in turn for slot-1, its own, and missed slot-0 coming free)
@@ -124,12 +129,13 @@ async def test_a_waiter_never_waits_for_a_slot_this_process_holds(tmp_path):
     try:
         await lim.acquire()
         assert lim.active == 1
+        earlier = set(_waiting_threads())  # (left by other tests: not this acquire's)
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lim.acquire)
                 # (the acquire found no free slot and waits in its thread: the holder's slot
                 # must come free only now, or a plain retry would find it)
-                while not any(t.name == "aenv-shared-limiter" for t in threading.enumerate()):
+                while not set(_waiting_threads()) - earlier:
                     await anyio.sleep(0.01)
                 holder.kill()
                 holder.wait()
