@@ -52,18 +52,23 @@ class BatchStepper:
     def __init__(self, env: EnvBase) -> None:
         self.env = env
 
+    def plan(self, actions: dict[str, torch.Tensor], row: Callable[[int], TensorDictBase]) -> None:
+        """The rollout's random actions: ``actions`` (key -> ``(T, *batch, ...)`` rows,
+        drawn ahead of the steps) and ``row(t)``, step ``t``'s as a TensorDict of views.
+        Called once, before the first step, by a rollout of random actions."""
+
     async def step(
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: TensorDictBase | None = None,
+        ahead: int | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
         """Step the whole batch from the input ``inputs()`` makes (actions checked
         already; made only where read), resetting what the step ended when ``reset``. A
-        stepper that overlaps steps may start the next one (``ahead``: its actions;
-        ``ahead_reset``: whether it resets what it ends) before returning, when this one
-        went well."""
+        stepper that overlaps steps may start the next one (``ahead``: its step, whose
+        random actions are drawn already, see :meth:`plan`; ``ahead_reset``: whether it
+        resets what it ends) before returning, when this one went well."""
         env = self.env
         td = await env._step_checked(inputs(), False)
         nxt = td.get("next")
@@ -125,6 +130,8 @@ class _BatchRows(_TimeRows):
         #: id -> (a TensorDict of results, the plan and check it was read with, its
         #: planned tensors, their numpy views): see :meth:`_leaves`
         self.leaf_views: dict[int, tuple[Any, Any, bool, list[tuple[str, Any]], list[Any]]] = {}
+        if draws is not None:
+            stepper.plan(self.action_rows, functools.partial(self._row, keys=self._actions))
 
     @staticmethod
     def make(  # type: ignore[override]
@@ -193,7 +200,7 @@ class _BatchRows(_TimeRows):
             if self.stepper.overlaps and reset and t + 1 < self.drawn:
                 # the next step's random actions are drawn already: it may start as soon
                 # as this one is back
-                ahead = self._row(t + 1, self._actions)
+                ahead = t + 1
             stepped, nxt, following, mask = await self.stepper.step(
                 inputs, reset, ahead, t + 2 < self.steps
             )

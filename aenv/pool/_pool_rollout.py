@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from tensordict import TensorDictBase
 
 from aenv.envs._rollout_batch import BatchStepper, Stepped
@@ -50,12 +51,21 @@ class PoolStepper(BatchStepper):
         self.bank = 0
         self.call: Any = None  # the next step, sent ahead (chained to the one before)
         self.held = False  # every env marked busy with a call in flight (pool._hold_all)
+        #: the random actions' rows and a step's as a TensorDict (see plan); how step
+        #: ``t``'s go into a bank (the backend's stager: None until planned, False where
+        #: it has none)
+        self.actions: dict[str, torch.Tensor] = {}
+        self.row: Callable[[int], TensorDictBase] | None = None
+        self.stage: Callable[[int, int], None] | bool | None = None
+
+    def plan(self, actions: dict[str, torch.Tensor], row: Callable[[int], TensorDictBase]) -> None:
+        self.actions, self.row, self.stage = actions, row, None
 
     async def step(
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: TensorDictBase | None = None,
+        ahead: int | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
         pool = self.pool
@@ -95,7 +105,7 @@ class PoolStepper(BatchStepper):
         return td, td.get("next"), following if reset else None, None
 
     async def _overlapped(
-        self, op: str, td: TensorDictBase | None, ahead: TensorDictBase | None, ahead_op: str
+        self, op: str, td: TensorDictBase | None, ahead: int | None, ahead_op: str
     ) -> Stacked | list[Any] | None:
         """Step ``td`` on the backend's banks (the call sent ahead for it, if any), and
         chain the next step (``ahead``) to it. None: nothing started."""
@@ -113,7 +123,7 @@ class PoolStepper(BatchStepper):
         chained = None
         try:
             if ahead is not None:
-                chained = backend.launch(ahead_op, ahead, timeout, bank=1 - self.bank, after=call)
+                chained = self._chain(ahead_op, ahead, timeout, call)
             out = await pool._wait_call(call, op)
         except BaseException:
             call.abandon()
@@ -128,6 +138,20 @@ class PoolStepper(BatchStepper):
         if isinstance(out, list):  # some env failed, or answered pickled (nothing chained)
             return await pool._batch_faults(op, out, pool._all)
         return pool._stacked_went_well(out)
+
+    def _chain(self, op: str, t: int, timeout: float | None, call: Any) -> Any:
+        """Step ``t`` (its random actions drawn) chained to ``call``, in the other bank:
+        its actions staged through the backend's stager (planned at the first step sent
+        ahead), else as a TensorDict of their rows."""
+        backend, bank = self.pool._backend, 1 - self.bank
+        stage = self.stage
+        if stage is None:
+            stage = self.stage = backend.stager(self.actions) or False
+        if stage is False:
+            assert self.row is not None
+            return backend.launch(op, self.row(t), timeout, bank=bank, after=call)
+        stage(bank, t)  # type: ignore[operator]
+        return backend.launch(op, None, timeout, bank=bank, after=call)  # type: ignore[arg-type]
 
     def _release(self) -> None:
         if self.held:

@@ -809,14 +809,17 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
+        stacked = self._stacked
+        if inputs is None:  # (a chained call's actions, staged already: see stager)
+            if stacked is None or after is None or not stacked[bank].partial:
+                return None
+        elif type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
             assert indices is not None
             return self._send_payloads(op, indices, inputs, step_timeout)
-        stacked = self._stacked
         if op not in _SLOT_OPS or stacked is None or self._fences or self._refusing():
             return None
         staged = stacked[bank]
-        if not staged.write_inputs(inputs):
+        if inputs is not None and not staged.write_inputs(inputs):
             return None
         if after is not None:
             assert isinstance(after, _Batch) and after.then is None
@@ -829,6 +832,21 @@ class ProcessBackend(ClosingMixin, Backend):
         batch = self._stacked_call(op, bank, indices)
         self._send_stacked(batch, step_timeout)
         return batch
+
+    def stager(self, rows: dict[str, torch.Tensor]) -> Callable[[int, int], None] | None:
+        """Row ``t`` of a rollout's random actions ``rows`` staged into a bank's input
+        blocks (:meth:`~aenv.pool._shm.StackedBlocks.stager`, planned once per bank),
+        for a chained :meth:`launch` with no inputs; None where they do not fit."""
+        if self._stacked is None:
+            return None
+        stages = [blocks.stager(rows) for blocks in self._stacked]
+        if any(stage is None for stage in stages):
+            return None
+
+        def stage(bank: int, t: int) -> None:
+            stages[bank](t)  # type: ignore[misc]
+
+        return stage
 
     def _send_payloads(
         self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None
