@@ -78,7 +78,32 @@ class PoolStepper(BatchStepper):
             pool._check_open()
             pool._check_batch(td)
         if self.overlaps:
-            out = await self._overlapped(op, td, ahead, _SMR if ahead_reset else "step")
+            # (the wait inline, not in a coroutine of its own: this runs on every step)
+            call, self.call = self.call, None
+            if call is None:
+                assert td is not None
+                call = await self._start(op, td)
+            out = None
+            if call is not None:
+                chained = None
+                try:
+                    if ahead is not None:
+                        chained = self._chain(_SMR if ahead_reset else "step", ahead, call)
+                    out = await pool._wait_call(call, op)
+                except BaseException:
+                    call.abandon()
+                    if chained is not None:
+                        chained.abandon()
+                    self._release()
+                    raise
+                if chained is not None and chained.sent:  # (this step came back whole)
+                    self.call, self.bank = chained, 1 - self.bank
+                else:
+                    self._release()
+                if isinstance(out, list):  # some env failed, or answered pickled
+                    out = await pool._batch_faults(op, out, pool._all)  # (nothing chained)
+                else:
+                    out = pool._stacked_went_well(out)
         else:
             assert td is not None
             out = await pool._run_batch(op, td)
@@ -104,46 +129,22 @@ class PoolStepper(BatchStepper):
         following = pool._outcomes_next_input(td, out)
         return td, td.get("next"), following if reset else None, None
 
-    async def _overlapped(
-        self, op: str, td: TensorDictBase | None, ahead: int | None, ahead_op: str
-    ) -> Stacked | list[Any] | None:
-        """Step ``td`` on the backend's banks (the call sent ahead for it, if any), and
-        chain the next step (``ahead``) to it. None: nothing started."""
-        pool, backend = self.pool, self.pool._backend
-        timeout = pool.step_timeout
-        call, self.call = self.call, None
+    async def _start(self, op: str, td: TensorDictBase) -> Any:
+        """Send step ``td`` on the current bank, every env held for the rollout's
+        overlapped steps (the steps after it are chained to it); None: nothing started."""
+        pool = self.pool
+        await pool._hold_all()
+        self.held = True
+        call = pool._backend.launch(op, td, pool.step_timeout, bank=self.bank)
         if call is None:
-            assert td is not None
-            await pool._hold_all()
-            self.held = True
-            call = backend.launch(op, td, timeout, bank=self.bank)
-            if call is None:
-                self._release()
-                return None
-        chained = None
-        try:
-            if ahead is not None:
-                chained = self._chain(ahead_op, ahead, timeout, call)
-            out = await pool._wait_call(call, op)
-        except BaseException:
-            call.abandon()
-            if chained is not None:
-                chained.abandon()
             self._release()
-            raise
-        if chained is not None and chained.sent:  # (only when this step came back whole)
-            self.call, self.bank = chained, 1 - self.bank
-        else:
-            self._release()
-        if isinstance(out, list):  # some env failed, or answered pickled (nothing chained)
-            return await pool._batch_faults(op, out, pool._all)
-        return pool._stacked_went_well(out)
+        return call
 
-    def _chain(self, op: str, t: int, timeout: float | None, call: Any) -> Any:
+    def _chain(self, op: str, t: int, call: Any) -> Any:
         """Step ``t`` (its random actions drawn) chained to ``call``, in the other bank:
         its actions staged through the backend's stager (planned at the first step sent
         ahead), else as a TensorDict of their rows."""
-        backend, bank = self.pool._backend, 1 - self.bank
+        backend, bank, timeout = self.pool._backend, 1 - self.bank, self.pool.step_timeout
         stage = self.stage
         if stage is None:
             stage = self.stage = backend.stager(self.actions) or False
