@@ -634,8 +634,7 @@ class ProcessBackend(ClosingMixin, Backend):
         # (one reply per call: the workers rung for it answer together)
         replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
-            entries = replies.get(seq)
-            replies[seq] = _answer_entries(w, outcomes) + (entries or [])
+            replies[seq] = replies.get(seq, []) + _answer_entries(w, outcomes)
         for seq, entries in replies.items():
             if entries:
                 self._on_batch_reply(seq, entries)
