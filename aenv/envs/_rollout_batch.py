@@ -52,18 +52,23 @@ class BatchStepper:
     def __init__(self, env: EnvBase) -> None:
         self.env = env
 
+    def plan(self, actions: dict[str, torch.Tensor], row: Callable[[int], TensorDictBase]) -> None:
+        """The rollout's random actions: ``actions`` (key -> ``(T, *batch, ...)`` rows,
+        drawn ahead of the steps) and ``row(t)``, step ``t``'s as a TensorDict of views.
+        Called once, before the first step, by a rollout of random actions."""
+
     async def step(
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: TensorDictBase | None = None,
+        ahead: int | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
         """Step the whole batch from the input ``inputs()`` makes (actions checked
         already; made only where read), resetting what the step ended when ``reset``. A
-        stepper that overlaps steps may start the next one (``ahead``: its actions;
-        ``ahead_reset``: whether it resets what it ends) before returning, when this one
-        went well."""
+        stepper that overlaps steps may start the next one (``ahead``: its step, whose
+        random actions are drawn already, see :meth:`plan`; ``ahead_reset``: whether it
+        resets what it ends) before returning, when this one went well."""
         env = self.env
         td = await env._step_checked(inputs(), False)
         nxt = td.get("next")
@@ -125,6 +130,13 @@ class _BatchRows(_TimeRows):
         #: id -> (a TensorDict of results, the plan and check it was read with, its
         #: planned tensors, their numpy views): see :meth:`_leaves`
         self.leaf_views: dict[int, tuple[Any, Any, bool, list[tuple[str, Any]], list[Any]]] = {}
+        if draws is not None:
+            stepper.plan(self.action_rows, functools.partial(self._row, keys=self._actions))
+        #: the masked resets whose rows are kept aside (step, mask, the reset rows):
+        #: random steps sent ahead read no row of this rollout, so those are put in at
+        #: once at its end (or before a row is read)
+        self.defer = draws is not None and stepper.overlaps
+        self.pending: list[tuple[int, torch.Tensor, list[Any]]] = []
 
     @staticmethod
     def make(  # type: ignore[override]
@@ -158,6 +170,8 @@ class _BatchRows(_TimeRows):
     def _inputs(self, t: int) -> dict[str, torch.Tensor]:
         """Random step ``t``'s input: views of row ``t`` (made a block of rows at a time:
         indexing a tensor costs more than the rest of the step's bookkeeping)."""
+        if self.pending:
+            self._settle()
         return self._in_row(t, 0)
 
     def _actions(self, t: int) -> dict[str, torch.Tensor]:
@@ -193,7 +207,7 @@ class _BatchRows(_TimeRows):
             if self.stepper.overlaps and reset and t + 1 < self.drawn:
                 # the next step's random actions are drawn already: it may start as soon
                 # as this one is back
-                ahead = self._row(t + 1, self._actions)
+                ahead = t + 1
             stepped, nxt, following, mask = await self.stepper.step(
                 inputs, reset, ahead, t + 2 < self.steps
             )
@@ -252,22 +266,38 @@ class _BatchRows(_TimeRows):
                 given = self._leaves(following, self.carried_plan, exact=False)
             if given is None:
                 return False
-        row = t + 1
         # (numpy views: a row write costs half a tensor's)
         for (_, rows, _, _), leaf in zip(self.next_plan, leaves):
             rows[t] = leaf
         if given is not None:
-            self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
-            flags = None if mask is None else mask.numpy()
-            for (_, rows, shape, _), leaf in zip(self.carried_plan, given):
-                if flags is None:
-                    rows[row] = leaf
-                else:
-                    # (the flagged envs' rows: a masked copy costs a third of indexing
-                    # both sides with the flags)
-                    where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim))
-                    np.copyto(rows[row], leaf, where=where)
+            if mask is not None and self.defer:
+                # (the reset rows copied aside, put in at once when row t + 1 is read:
+                # at the end of a rollout whose steps are sent ahead)
+                self.pending.append((t, mask, [leaf.copy() for leaf in given]))
+            else:
+                self._put_resets(t, mask, given)
         return True
+
+    def _put_resets(self, t: int, mask: torch.Tensor | None, given: list[Any]) -> None:
+        """Write the reset rows ``given`` (of the envs ``mask`` flags; None: all) over row
+        ``t + 1``, the step's ``"next"`` row kept aside first."""
+        row = t + 1
+        self.saved[t] = [(key, rows[row, ...].copy()) for key, rows in self.shared_np]
+        flags = None if mask is None else mask.numpy()
+        for (_, rows, shape, _), leaf in zip(self.carried_plan, given):
+            if flags is None:
+                rows[row] = leaf
+            else:
+                # (the flagged envs' rows: a masked copy costs a third of indexing
+                # both sides with the flags)
+                where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim))
+                np.copyto(rows[row], leaf, where=where)
+
+    def _settle(self) -> None:
+        """Put in the reset rows kept aside (before a row is read as a step's input)."""
+        pending, self.pending = self.pending, []
+        for t, mask, given in pending:
+            self._put_resets(t, mask, given)
 
     def _leaves(
         self,
@@ -347,7 +377,27 @@ class _BatchRows(_TimeRows):
         return super().advance(td, t)
 
     def finish(self) -> TensorDictBase:
-        return _time_last(super().finish(), len(self.batch), self.batch)
+        td = super().finish()  # ("next" copied, the inputs still views of the rows)
+        if self.pending:
+            self._put_pending(td.get("next"))
+        return _time_last(td, len(self.batch), self.batch)
+
+    def _put_pending(self, nxt: TensorDictBase) -> None:
+        """The reset rows kept aside, put in with one masked copy per carried key (the
+        steps' ``"next"`` rows, copied already into ``nxt``, are kept aside from there)."""
+        pending, self.pending = self.pending, []
+        at = np.array([t + 1 for t, _, _ in pending])
+        flags = np.stack([mask.numpy() for _, mask, _ in pending])
+        entries = nxt._tensordict  # type: ignore[attr-defined]
+        for k, (_, rows, shape, _) in enumerate(self.carried_plan):
+            values = np.stack([given[k] for _, _, given in pending])
+            block = rows[at]
+            where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim + 1))
+            np.copyto(block, values, where=where)
+            rows[at] = block
+        kept = {key: entries[key].numpy() for key, _, _, _ in self.carried_plan}
+        for t, _, _ in pending:
+            self.saved[t] = [(key, rows[t]) for key, rows in kept.items()]
 
     def close(self) -> None:
         self.stepper.close()

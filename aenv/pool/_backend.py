@@ -103,6 +103,14 @@ to it as to tickets, on every backend. Two flags: ``overlaps_steps`` and ``strea
     True when ``launch`` chains (``after=``): the envs live in other processes, so nothing
     the pool's process does in between (drawing random actions) changes what they do.
 
+``stager(rows) -> Callable[[int, int], None] | None``
+    For a chaining backend: a function ``stage(bank, t)`` writing row ``t`` of ``rows``
+    (key -> ``(T, *batch, ...)``: a rollout's random actions, every input leaf a step does
+    not carry over from the step before) into ``bank``'s input rows, planned once per
+    rollout; a chained ``launch(op, None, ..., bank=bank, after=call)`` then sends what
+    was staged, the carried leaves taken from ``call``'s results. None where the rows do
+    not fit (the caller stages a TensorDict per step).
+
 ``stream_rows``
     True when a streamed step's envs may be handed their rows of the pool's input buffers
     (:mod:`aenv.pool._stream_rows`): the envs read them in the pool's loop.
@@ -345,6 +353,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def aclose(self, grace: float = 5.0) -> None:
         """Close every env; leave no task, thread or process behind."""
+
+    def stager(self, rows: dict[str, torch.Tensor]) -> Callable[[int, int], None] | None:
+        """Plan the staging of a rollout's random actions (see the module docstring);
+        None: not planned."""
+        return None
 
     def launch(
         self,

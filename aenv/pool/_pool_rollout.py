@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from tensordict import TensorDictBase
 
 from aenv.envs._rollout_batch import BatchStepper, Stepped
@@ -50,12 +51,21 @@ class PoolStepper(BatchStepper):
         self.bank = 0
         self.call: Any = None  # the next step, sent ahead (chained to the one before)
         self.held = False  # every env marked busy with a call in flight (pool._hold_all)
+        #: the random actions' rows and a step's as a TensorDict (see plan); how step
+        #: ``t``'s go into a bank (the backend's stager: None until planned, False where
+        #: it has none)
+        self.actions: dict[str, torch.Tensor] = {}
+        self.row: Callable[[int], TensorDictBase] | None = None
+        self.stage: Callable[[int, int], None] | bool | None = None
+
+    def plan(self, actions: dict[str, torch.Tensor], row: Callable[[int], TensorDictBase]) -> None:
+        self.actions, self.row, self.stage = actions, row, None
 
     async def step(
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: TensorDictBase | None = None,
+        ahead: int | None = None,
         ahead_reset: bool = False,
     ) -> Stepped:
         pool = self.pool
@@ -68,7 +78,32 @@ class PoolStepper(BatchStepper):
             pool._check_open()
             pool._check_batch(td)
         if self.overlaps:
-            out = await self._overlapped(op, td, ahead, _SMR if ahead_reset else "step")
+            # (the wait inline, not in a coroutine of its own: this runs on every step)
+            call, self.call = self.call, None
+            if call is None:
+                assert td is not None
+                call = await self._start(op, td)
+            out = None
+            if call is not None:
+                chained = None
+                try:
+                    if ahead is not None:
+                        chained = self._chain(_SMR if ahead_reset else "step", ahead, call)
+                    out = await pool._wait_call(call, op)
+                except BaseException:
+                    call.abandon()
+                    if chained is not None:
+                        chained.abandon()
+                    self._release()
+                    raise
+                if chained is not None and chained.sent:  # (this step came back whole)
+                    self.call, self.bank = chained, 1 - self.bank
+                else:
+                    self._release()
+                if isinstance(out, list):  # some env failed, or answered pickled
+                    out = await pool._batch_faults(op, out, pool._all)  # (nothing chained)
+                else:
+                    out = pool._stacked_went_well(out)
         else:
             assert td is not None
             out = await pool._run_batch(op, td)
@@ -94,40 +129,30 @@ class PoolStepper(BatchStepper):
         following = pool._outcomes_next_input(td, out)
         return td, td.get("next"), following if reset else None, None
 
-    async def _overlapped(
-        self, op: str, td: TensorDictBase | None, ahead: TensorDictBase | None, ahead_op: str
-    ) -> Stacked | list[Any] | None:
-        """Step ``td`` on the backend's banks (the call sent ahead for it, if any), and
-        chain the next step (``ahead``) to it. None: nothing started."""
-        pool, backend = self.pool, self.pool._backend
-        timeout = pool.step_timeout
-        call, self.call = self.call, None
+    async def _start(self, op: str, td: TensorDictBase) -> Any:
+        """Send step ``td`` on the current bank, every env held for the rollout's
+        overlapped steps (the steps after it are chained to it); None: nothing started."""
+        pool = self.pool
+        await pool._hold_all()
+        self.held = True
+        call = pool._backend.launch(op, td, pool.step_timeout, bank=self.bank)
         if call is None:
-            assert td is not None
-            await pool._hold_all()
-            self.held = True
-            call = backend.launch(op, td, timeout, bank=self.bank)
-            if call is None:
-                self._release()
-                return None
-        chained = None
-        try:
-            if ahead is not None:
-                chained = backend.launch(ahead_op, ahead, timeout, bank=1 - self.bank, after=call)
-            out = await pool._wait_call(call, op)
-        except BaseException:
-            call.abandon()
-            if chained is not None:
-                chained.abandon()
             self._release()
-            raise
-        if chained is not None and chained.sent:  # (only when this step came back whole)
-            self.call, self.bank = chained, 1 - self.bank
-        else:
-            self._release()
-        if isinstance(out, list):  # some env failed, or answered pickled (nothing chained)
-            return await pool._batch_faults(op, out, pool._all)
-        return pool._stacked_went_well(out)
+        return call
+
+    def _chain(self, op: str, t: int, call: Any) -> Any:
+        """Step ``t`` (its random actions drawn) chained to ``call``, in the other bank:
+        its actions staged through the backend's stager (planned at the first step sent
+        ahead), else as a TensorDict of their rows."""
+        backend, bank, timeout = self.pool._backend, 1 - self.bank, self.pool.step_timeout
+        stage = self.stage
+        if stage is None:
+            stage = self.stage = backend.stager(self.actions) or False
+        if stage is False:
+            assert self.row is not None
+            return backend.launch(op, self.row(t), timeout, bank=bank, after=call)
+        stage(bank, t)  # type: ignore[operator]
+        return backend.launch(op, None, timeout, bank=bank, after=call)  # type: ignore[arg-type]
 
     def _release(self) -> None:
         if self.held:

@@ -123,6 +123,20 @@ class _Flags(dict[int, bytes]):
 _CARRY_NEXT = _Flags()
 
 
+def _answer_entries(w: _Worker, outcomes: bytes) -> list[tuple[int, int, Any]]:
+    """The ``"b"`` entries of ``w``'s answer on its page (one outcome byte per env: 0 not
+    in the call, 1 in the rows, 2 in the rows and reset), made once per pattern (the
+    list is shared: not to be changed)."""
+    made = w.answers.get(outcomes)
+    if made is None:
+        if len(w.answers) >= 64:
+            w.answers.clear()
+        made = w.answers[outcomes] = [
+            (i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag
+        ]
+    return made
+
+
 class _Batch(BatchCall):
     """A whole-batch call in flight (:meth:`ProcessBackend.launch`). ``raw`` for a stacked
     call: its outcomes are the workers' undecoded ``(env, code, data)`` entries at the
@@ -611,13 +625,16 @@ class ProcessBackend(ClosingMixin, Backend):
                 if w.bell is None or w.bell.taken != seq:
                     drained = False
             self._drained = drained
+        if len(answers) == 1:
+            w, (seq, outcomes) = answers[0]
+            entries = _answer_entries(w, outcomes)
+            if entries:
+                self._on_batch_reply(seq, entries)
+            return
         # (one reply per call: the workers rung for it answer together)
         replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
-            entries = replies.get(seq)
-            if entries is None:
-                entries = replies[seq] = []
-            entries += [(i, SLOT, flag == 2) for i, flag in zip(w.indices, outcomes) if flag]
+            replies[seq] = replies.get(seq, []) + _answer_entries(w, outcomes)
         for seq, entries in replies.items():
             if entries:
                 self._on_batch_reply(seq, entries)
@@ -663,24 +680,32 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def _on_batch_reply(self, seq: int, entries: list[tuple[int, int, Any]]) -> None:
         inflight = self._inflight
-        live = [entry for entry in entries if (inflight[entry[0]] or _GONE)[0] == seq]
-        if not live:
+        for first in entries:  # (the first env still waiting for this call)
+            current = inflight[first[0]]
+            if current is not None and current[0] == seq:
+                break
+        else:
             return
-        op = inflight[live[0][0]][1]  # type: ignore[index]
         batch_of = self._batch_of
-        held = batch_of[live[0][0]]
+        held = batch_of[first[0]]
         if held is not None and held[0].raw:
-            # a stacked batch (its envs at their own positions): the results are read
-            # from the blocks once all are in
+            # a stacked batch (its envs at their own positions, each waiting with the
+            # call's one ``(seq, op)``): the results are read from the blocks once all
+            # are in
             batch = held[0]
             outcomes = batch.outcomes
-            for entry in live:
+            n = 0
+            for entry in entries:
                 i = entry[0]
-                inflight[i] = None
-                batch_of[i] = None
-                outcomes[i] = entry
-            batch.took(len(live))
+                if inflight[i] is current:
+                    inflight[i] = None
+                    batch_of[i] = None
+                    outcomes[i] = entry
+                    n += 1
+            batch.took(n)
             return
+        live = [entry for entry in entries if (inflight[entry[0]] or _GONE)[0] == seq]
+        op = current[1]
         for entry, outcome in zip(live, self._decode_batch(op, live)):
             inflight[entry[0]] = None
             self._complete(entry[0], outcome)
@@ -809,14 +834,17 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
+        stacked = self._stacked
+        if inputs is None:  # (a chained call's actions, staged already: see stager)
+            if stacked is None or after is None or not stacked[bank].partial:
+                return None
+        elif type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
             assert indices is not None
             return self._send_payloads(op, indices, inputs, step_timeout)
-        stacked = self._stacked
         if op not in _SLOT_OPS or stacked is None or self._fences or self._refusing():
             return None
         staged = stacked[bank]
-        if not staged.write_inputs(inputs):
+        if inputs is not None and not staged.write_inputs(inputs):
             return None
         if after is not None:
             assert isinstance(after, _Batch) and after.then is None
@@ -829,6 +857,21 @@ class ProcessBackend(ClosingMixin, Backend):
         batch = self._stacked_call(op, bank, indices)
         self._send_stacked(batch, step_timeout)
         return batch
+
+    def stager(self, rows: dict[str, torch.Tensor]) -> Callable[[int, int], None] | None:
+        """Row ``t`` of a rollout's random actions ``rows`` staged into a bank's input
+        blocks (:meth:`~aenv.pool._shm.StackedBlocks.stager`, planned once per bank),
+        for a chained :meth:`launch` with no inputs; None where they do not fit."""
+        if self._stacked is None:
+            return None
+        stages = [blocks.stager(rows) for blocks in self._stacked]
+        if any(stage is None for stage in stages):
+            return None
+
+        def stage(bank: int, t: int) -> None:
+            stages[bank](t)  # type: ignore[misc]
+
+        return stage
 
     def _send_payloads(
         self, op: str, indices: Sequence[int], payloads: Sequence[Any], step_timeout: float | None

@@ -127,6 +127,8 @@ class Worker:
         self.exit_timer: asyncio.TimerHandle | None = None
         #: the ``(env, None)`` items of a stacked batch command (inputs in the blocks)
         self.stacked_items: list[tuple[int, None]] | None = None
+        #: its answers' outcome bytes -> their ``"b"`` entries (see _process._answer_entries)
+        self.answers: dict[bytes, list[tuple[int, int, Any]]] = {}
         #: the parent's end of the worker's probe socket (its watchdog thread says whether
         #: a given-up env still runs on the worker's loop), the answers not yet read, and
         #: whether the loop watches it

@@ -31,6 +31,7 @@ import mmap
 import operator
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -664,6 +665,39 @@ class StackedBlocks:
             else:
                 srcs.extend(value[start:stop] for start, stop in slices)
         _copy_all(dsts, srcs)
+
+    def stager(self, rows: dict[str, torch.Tensor]) -> Callable[[int], None] | None:
+        """A function staging row ``t`` of ``rows`` (key -> ``(T, n, ...)``: a rollout's
+        random actions, every input leaf but the carried ones) into the input leaves, as
+        :meth:`write_inputs` of an input without its carried leaves does (the call is
+        then sent after a :meth:`carry`): planned once, so that a step's staging is one
+        numpy copy per leaf and part. None where ``rows`` are not exactly those leaves,
+        of their dtypes and shapes, or numpy cannot view them."""
+        pairs: list[tuple[Any, Any]] = []
+        wanted = {key for key in self.in_keys if key not in self.carried}
+        if set(rows) != wanted:
+            return None
+        whole = None if self.whole is None else self.whole["in"]._tensordict  # type: ignore[attr-defined]
+        for (key, views), (dtype, shape) in zip(self.kinds["in"], self.expected):
+            if key not in wanted:
+                continue
+            src = rows[key]
+            if src.dtype is not dtype or src.shape[1:] != shape or src.requires_grad:
+                return None
+            parts = [whole[key]] if whole is not None else views
+            slices = [(0, self.n)] if whole is not None else self.slices
+            for view, (start, stop) in zip(parts, slices):
+                dst, rows_np = _as_numpy(view), _as_numpy(src[:, start:stop])
+                if dst is None or rows_np is None:
+                    return None
+                pairs.append((dst, rows_np))
+
+        def stage(t: int) -> None:
+            for dst, src in pairs:
+                dst[...] = src[t]
+            self.partial = True
+
+        return stage
 
     def _write_partial(self, entries: dict[str, Any]) -> bool:
         """:meth:`write_inputs` of an input without (some of) the carried leaves: the

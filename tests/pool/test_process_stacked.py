@@ -118,6 +118,15 @@ class AsyncWalkEnv(WalkEnv):
         return super()._step(td)
 
 
+class InputWalkEnv(WalkEnv):
+    """The walk, its position read from its input's observation (as a stateless env would
+    read it): a step given a stale observation walks from the wrong place."""
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        self.pos = float(td["observation"][0])
+        return super()._step(td)
+
+
 LIMITS = (1, 2, 3, 5)  # four envs that end their episodes at different steps
 
 
@@ -240,6 +249,27 @@ async def test_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
     # each of the 9 steps after the first was sent by the backend as the step before it
     # came back whole, before the rollout resumed
     assert banks.chained[:8] == list(range(1, 9))
+
+
+async def test_a_long_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
+    """Past the first chunks of random draws (16, then 32 steps): the step after a chunk
+    is not sent ahead, so it reads its input row, where the resets kept aside by the steps
+    before (partial ones: the envs end their episodes at different steps) are put in
+    first; the rest are put in at the end."""
+
+    async def run(backend: str) -> TensorDictBase:
+        async with walk_pool(backend, InputWalkEnv) as pool:
+            await pool.set_seed(3)
+            torch.manual_seed(1)
+            return await pool.rollout(60, break_when_any_done=False)
+
+    expected = await run("coroutine")
+    banks = spy_launches(monkeypatch)
+    got = await run("process")
+    assert_same(expected, got)
+    assert len(banks.chained) < len(banks) - 1  # (some steps were not sent ahead)
+    done = expected["next", "done"].squeeze(-1)
+    assert (done.any(0) & ~done.all(0)).any()  # partial resets
 
 
 class CompositeWalkEnv(WalkEnv):
