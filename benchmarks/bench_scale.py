@@ -20,7 +20,7 @@ What it compares (all aenv, one run):
   TensorDict per step. Each row runs in a fresh interpreter; besides % of ideal it gives
   the CPU time per env-step and the part of it the cyclic garbage collector took (both
   counted from the first send; the collector's time with ``gc.callbacks``), with the
-  pool's collector policy as it is by default (``gc_freeze``: pools of 1,024 envs or more
+  pool's collector policy as it is by default (``gc_freeze``: pools of 64 envs or more
   freeze what their build and first reset made, see ``aenv/pool/_gc.py``) and turned off;
 * the episode runner (``aenv.agents.run_episodes``) with 256 and 4,096 concurrent episodes,
   % of ideal and CPU time per turn, against its limit in the same run: the same episodes,

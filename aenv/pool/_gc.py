@@ -8,7 +8,7 @@ envs of 512 ms, full collections took as much CPU as the steps themselves
 (``benchmarks/bench_scale.py``, the ``limit`` table, its ``gc.freeze()`` column).
 
 What. A pool whose envs live in this process (coroutine and thread backends) and that has at
-least :data:`FREEZE_FROM` envs moves the objects that exist once it is built, and again once
+least :data:`FREEZE_FROM` envs (see "From how many envs" below) moves the objects that exist once it is built, and again once
 its first whole reset is done, to the collector's permanent generation (:func:`gc.freeze`):
 later collections skip them. What the first operations make lazily, once per env, lives as
 long as the pool too (a streamed step's input row, an env's worker task, state an env makes
@@ -54,6 +54,18 @@ a collection (memory, not time: up to :data:`YOUNG_PER_ENV` objects per env). Fr
 unfreezing take constant time; the thresholds in force before come back when the last pool
 closes, unless other code changed them meanwhile.
 ``AsyncEnvPool(..., gc_freeze=False)`` turns it off, ``True`` turns it on for any size.
+
+From how many envs. Full collections come once enough objects have outlived two younger
+collections, whatever the pool's size, and each walks the whole heap (0.2-0.5 s here, most
+of it torch's and aenv's modules). What decides how often is how much a pool holds across
+young collections: an episode of the episode runner holds its turns so far, a streamed step
+its input and result. The episode runner with no latency (every turn CPU-bound, 4 turns
+per episode, ``benchmarks/bench_agents.py``'s envs and policy, ``gc.callbacks`` timing
+every collection) had, without the policy: at 16 concurrent episodes no full collection in
+32,768 turns; at 32, one (7-11 us per turn); at 64, three (34-46 us per turn); at 256, 18
+in 65,536 turns (53-108 us per turn, about half of all its CPU). With the policy none came
+at any of these sizes, and its young collections fell from hundreds to a handful. So the
+default starts at 64 envs, below which a run rarely meets a full collection.
 """
 
 from __future__ import annotations
@@ -63,7 +75,7 @@ import gc
 __all__ = ["FREEZE_FROM", "GcFreeze"]
 
 #: the pool size from which the freeze is on by default (``gc_freeze=None``)
-FREEZE_FROM = 1024
+FREEZE_FROM = 64
 #: the freezes a pool makes once as many results as it has envs came back (see above)
 SETTLE_FREEZES = 2
 #: net allocations per env of the freezing pools between two collections of the young

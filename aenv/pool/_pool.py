@@ -115,7 +115,7 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
             to the garbage collector's permanent generation while the pool is open, so
             full collections skip thousands of envs, and collect the young generation less
             often, so steps in flight are not walked and promoted (:mod:`aenv.pool._gc`). Default
-            (None): on for pools of at least 1,024 envs on the coroutine or thread backend.
+            (None): on for pools of at least 64 envs on the coroutine or thread backend.
 
     Example:
         >>> from aenv.testing import LatencyEnv

@@ -38,9 +38,11 @@ async def test_a_frozen_pool_freezes_its_envs_and_gives_them_back_on_close() -> 
 
 
 async def test_small_pools_and_process_pools_do_not_freeze_by_default() -> None:
-    async with AsyncEnvPool([CountingEnv] * 3) as pool:
-        await pool.reset()
-        assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
+    for n in (3, FREEZE_FROM - 1):
+        async with AsyncEnvPool([CountingEnv] * n) as pool:
+            await pool.reset()
+            assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     async with AsyncEnvPool([CountingEnv] * 2, backend="process", gc_freeze=True) as pool:
         await pool.reset()
         assert gc.get_freeze_count() == 0  # its envs live in the workers

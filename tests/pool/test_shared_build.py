@@ -120,7 +120,8 @@ async def test_a_built_env_costs_a_few_tracked_objects() -> None:
     fns = [partial(LatencyEnv, 0.0, seed=i) for i in range(n)]
     gc.collect()
     before = len(gc.get_objects())
-    pool = AsyncEnvPool(fns)
+    # (gc_freeze=False: frozen objects are left out of gc.get_objects(), which counts here)
+    pool = AsyncEnvPool(fns, gc_freeze=False)
     try:
         gc.collect()
         per_env = (len(gc.get_objects()) - before) / n
