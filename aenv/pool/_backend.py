@@ -346,6 +346,12 @@ class Backend(abc.ABC):
     async def aclose(self, grace: float = 5.0) -> None:
         """Close every env; leave no task, thread or process behind."""
 
+    def shared_stream_rows(self, sub_batch: torch.Size, results: bool) -> Any:
+        """The rows streamed steps go through where the envs live elsewhere and read
+        rows shared with this process (the process backend's, see
+        :mod:`aenv.pool._process_stream`); None by default."""
+        return None
+
     def launch(
         self,
         op: str,

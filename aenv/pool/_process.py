@@ -76,6 +76,7 @@ from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell, Tally
+from aenv.pool._process_stream import SharedRows
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -297,6 +298,10 @@ class ProcessBackend(ClosingMixin, Backend):
         # per bank: the blocks as one stacked batch, or None
         self._stacked: list[StackedBlocks] | None = None
         self._copiers: list[Callable[[], TensorDictBase] | None] = []
+        #: the streamed steps' shared rows (see :meth:`shared_stream_rows`), and per env
+        #: whether its operation in flight reads its input from them
+        self._srows: SharedRows | None = None
+        self._row_op: bytearray = bytearray()
         # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
         # it has, the worker may still read the env's input slot for the cancelled op, so
         # the env's inputs travel pickled (never written over that op's input)
@@ -341,6 +346,7 @@ class ProcessBackend(ClosingMixin, Backend):
         self._lost = [None] * n
         self._last_cmd = [None] * n
         self._batch_of = [None] * n
+        self._row_op = bytearray(n)
         self._rows = self._bank_rows[0]
         try:
             for wid, indices in enumerate(groups):
@@ -634,6 +640,12 @@ class ProcessBackend(ClosingMixin, Backend):
             if inflight is None or inflight[0] != seq:
                 return  # given up (replace / cancel)
             self._inflight[i] = None
+            if self._row_op[i]:
+                self._row_op[i] = 0
+                if code == SLOT and self._srows is not None:
+                    # the result stays in the rows until it is received
+                    self._complete(i, self._srows.hold(i, inflight[1], bool(data)))
+                    return
             self._complete(i, self._decode(i, inflight[1], code, data))
         elif kind == "cx":
             _, i, n = msg
@@ -744,7 +756,19 @@ class ProcessBackend(ClosingMixin, Backend):
         if refused is not None:
             self._deliver(env_index, refused)
             return
-        data = self._encode(env_index, op, payload)
+        srows = self._srows
+        if srows is not None:
+            if srows.held[env_index] is not None:
+                srows.evict(env_index)  # (its rows are about to be written)
+            if op in _SLOT_OPS and srows.row_of(env_index, payload):
+                # a streamed send's input, in the env's shared row already
+                data = None
+                self._row_op[env_index] = srows.results
+            else:
+                data = self._encode(env_index, op, payload)
+                self._row_op[env_index] = 0
+        else:
+            data = self._encode(env_index, op, payload)
         seq = next(self._seq)
         self._inflight[env_index] = (seq, op)
         cmd = ("op", env_index, seq, op, data)
@@ -784,6 +808,19 @@ class ProcessBackend(ClosingMixin, Backend):
             return None
         return codec.dumps(payload)
 
+    def shared_stream_rows(self, sub_batch: torch.Size, results: bool) -> SharedRows | None:
+        """The input rows of streamed steps over the shared rows the whole-batch steps use
+        (:mod:`aenv.pool._process_stream`), where one view per leaf holds the whole pool;
+        ``results``: their results are held in the rows until received."""
+        stacked = self._stacked
+        if self._srows is None and stacked is not None:
+            rows = {kind: stacked[0].rows(kind) for kind in ("in", "next", "reset")}
+            if all(td is not None for td in rows.values()):
+                srows = SharedRows(rows, sub_batch, self._fences, results)  # type: ignore[arg-type]
+                if srows.ok:
+                    self._srows = srows
+        return self._srows
+
     # ------------------------------------------------------------------ whole batch
     @property
     def overlaps_steps(self) -> bool:
@@ -809,6 +846,9 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
+        srows = self._srows
+        if srows is not None:
+            srows.evict_all()  # (the rows are about to be written)
         if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
             assert indices is not None
             return self._send_payloads(op, indices, inputs, step_timeout)
