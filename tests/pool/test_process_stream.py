@@ -16,7 +16,7 @@ from tensordict import TensorDict, TensorDictBase
 from aenv import EnvBase
 from aenv.pool import AsyncEnvPool
 from aenv.pool._process_stream import Held, SharedRows
-from aenv.specs import Composite, OneHot, Unbounded
+from aenv.specs import Bounded, Composite, OneHot, Unbounded
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,3 +186,37 @@ async def test_an_env_that_keeps_its_input_leaves_received_inputs_alone():
             if k == 0:
                 assert torch.equal(out["observation"][row], td["observation"][i])
         assert seen == [rounds] * n
+
+
+class BoundedEnv(EnvBase):
+    """An env whose action bounds are its own: ``[low, low + 0.5]``."""
+
+    def __init__(self, low: float) -> None:
+        super().__init__()
+        self.observation_spec = Composite(observation=Unbounded((1,)))
+        self.action_spec = Bounded(low=low, high=low + 0.5, shape=(1,))
+        self.reward_spec = Unbounded((1,))
+
+    def _reset(self, td: TensorDictBase | None, **kw: Any) -> TensorDictBase:
+        return TensorDict({"observation": torch.zeros(1)}, [])
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        zero = torch.zeros(1)
+        return TensorDict({"observation": zero, "reward": zero, "done": zero.bool()}, [])
+
+
+@pytest.mark.parametrize("lows", [[0.0, 1.0, 2.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
+async def test_random_actions_for_a_subset_are_each_envs_own(lows):
+    async with AsyncEnvPool([partial(BoundedEnv, low) for low in lows]) as pool:
+        td = await pool.reset()
+        for envs in ([3, 1], [2], [0, 1, 2, 3], [1, 0, 3]):
+            sub = td[torch.tensor(envs)].clone()
+            sub["env_index"] = torch.tensor(envs)
+            action = pool.rand_action(sub)["action"]
+            assert action.shape == (len(envs), 1)
+            low = torch.tensor([lows[i] for i in envs]).unsqueeze(-1)
+            assert bool(((action >= low) & (action <= low + 0.5)).all()), (envs, action)
+        one = td[2].clone()
+        one["env_index"] = torch.tensor(2)
+        action = pool.rand_action(one)["action"]
+        assert action.shape == (1,) and lows[2] <= float(action) <= lows[2] + 0.5
