@@ -61,13 +61,13 @@ def _take(rows: dict[str, np.ndarray] | None, tds: TensorDictBase, idx: np.ndarr
         entries = {k: torch.from_numpy(a.take(idx, 0)) for k, a in rows.items()}
     else:
         index = torch.from_numpy(idx)
-        entries = {k: v.index_select(0, index) for k, v in tds.items()}
+        entries = {k: v.index_select(0, index) for k, v in tds.items()}  # type: ignore[union-attr]
     return TensorDict._new_unsafe(entries, batch_size=batch, nested=False)  # type: ignore[arg-type]
 
 
 def _numpy(td: TensorDictBase) -> dict[str, np.ndarray] | None:
     try:
-        return {k: v.numpy() for k, v in td.items()}  # type: ignore[union-attr]
+        return {k: v.numpy() for k, v in td.items()}  # type: ignore[union-attr,misc]
     except (TypeError, RuntimeError):  # (a dtype numpy lacks)
         return None
 
@@ -177,9 +177,7 @@ class SharedRows(StreamRows):
         next_input.set("env_index", idx.clone())
         return stepped, next_input
 
-    def owned_items(
-        self, items: list[tuple[int, Any, _Ticket]]
-    ) -> list[tuple[int, Any, _Ticket]]:
+    def owned_items(self, items: list[tuple[int, Any, _Ticket]]) -> list[tuple[int, Any, _Ticket]]:
         """``items`` with their held outcomes copied out of the rows and their tickets'
         inputs their copies (for the per-env path)."""
         out = []

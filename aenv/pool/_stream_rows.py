@@ -51,7 +51,10 @@ class StreamRows:
         self, env: EnvBase | None, n: int, sub_batch: torch.Size, planned: Any = None
     ) -> None:
         # (``planned``: buffers planned already, as a TensorDict, instead of ``env``'s)
-        plan = plan_rows(env, INPUT_GROUPS, n) if planned is None else planned
+        plan = planned
+        if plan is None:
+            assert env is not None
+            plan = plan_rows(env, INPUT_GROUPS, n)
         self.bufs: dict[str, torch.Tensor] = {}
         if plan is not None and all(type(v) is torch.Tensor for v in plan.values()):
             self.bufs = dict(plan.items())  # type: ignore[arg-type]
