@@ -17,7 +17,9 @@ results out of them, with no per-env TensorDict in the parent. One shared region
 every worker's slots (planned at start from all the workers' specs), so a like pool's
 results are one view per leaf across workers: they are handed out in place
 (``Stacked.owned`` False) and copied once, by whoever keeps them (a rollout's time rows, the
-pool's step). The streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
+pool's step). The streamed calls take the per-env path (:meth:`ProcessBackend.submit`) over
+the same rows: a streamed send's inputs are staged into the shared ``"in"`` rows and each
+result is held in its rows until it is received (:mod:`aenv.pool._process_stream`).
 
 A stacked call's commands and replies skip the socket: each worker's share is rung on its
 doorbell (:mod:`aenv.pool._process_bell`: a shared page and an eventfd per worker) and

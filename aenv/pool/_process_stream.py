@@ -99,8 +99,9 @@ class SharedRows(StreamRows):
         self._np_next, self._np_reset = _numpy(self.next_rows), _numpy(self.reset_rows)
         self.fences = fences
         self.results = results
-        #: env -> its result held in the rows, not received yet
+        #: env -> its result held in the rows, not received yet; how many are
         self.held: list[Held | None] = [None] * n
+        self.count = 0
 
     # ------------------------------------------------------------------ the backend's
     def row_of(self, i: int, payload: Any) -> bool:
@@ -108,7 +109,10 @@ class SharedRows(StreamRows):
         return payload is not None and payload is self._rows[i]
 
     def hold(self, i: int, op: str, reset: bool) -> Held:
+        if self.held[i] is not None:  # (evicted when its op was sent: never in use)
+            self.evict(i)
         held = self.held[i] = Held(i, op, reset)
+        self.count += 1
         return held
 
     def evict(self, i: int) -> None:
@@ -117,12 +121,15 @@ class SharedRows(StreamRows):
         if held is None:
             return
         self.held[i] = None
+        self.count -= 1
         row = self._row(i)
         nxt = self.next_rows[i].clone()
         rst = self.reset_rows[i].clone() if held.reset else None
         held.owned = (row.clone(), nxt, rst)
 
     def evict_all(self) -> None:
+        if not self.count:
+            return
         for i, held in enumerate(self.held):
             if held is not None:
                 self.evict(i)
@@ -157,6 +164,7 @@ class SharedRows(StreamRows):
                 return None
         for outcome in outcomes:
             held[outcome.env] = None
+        self.count -= len(outcomes)
         stepped = self.gather(arr, {})
         nxt = _take(self._np_next, self.next_rows, arr)
         if op == "step":

@@ -137,6 +137,9 @@ async def _script(backend: str, **kw: Any) -> list[tuple[TensorDictBase, TensorD
                 got.append((stepped, following))
             await recv(min_get=2)
             nxt.update(dict(enumerate(following.unbind(0))))
+        if backend == "process":
+            rows = pool._rows_for(OP)
+            assert rows.count == 0 and rows.held == [None] * n  # (every one received)
     return got
 
 
