@@ -17,6 +17,7 @@ from aenv import EnvBase
 from aenv.pool import AsyncEnvPool
 from aenv.pool._process_stream import Held, SharedRows
 from aenv.specs import Bounded, Composite, OneHot, Unbounded
+from aenv.testing import CountingEnv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -223,3 +224,39 @@ async def test_random_actions_for_a_subset_are_each_envs_own(lows):
         one["env_index"] = torch.tensor(2)
         action = pool.rand_action(one)["action"]
         assert action.shape == (1,) and lows[2] <= float(action) <= lows[2] + 0.5
+
+
+async def _batched_script(backend: str) -> list[tuple[TensorDictBase, TensorDictBase]]:
+    """Streamed sends of sub-envs with a batch size of their own, in two halves."""
+    options = {"num_workers": 2} if backend == "process" else {}
+    fns = [partial(CountingEnv, max_steps=4, batch_size=(2,), start_val=i % 2) for i in range(4)]
+    got = []
+    async with AsyncEnvPool(fns, backend=backend, backend_options=options) as pool:
+        td = await pool.reset()
+        if backend == "process":
+            assert isinstance(pool._rows_for(OP), SharedRows)
+        td["action"] = torch.zeros(4, 2, 1, dtype=torch.int64)
+        pool.async_step_and_maybe_reset_send(td.clone(), env_index=[0, 1, 2, 3])
+        for _ in range(7):
+            out, nxt = await pool.async_step_and_maybe_reset_recv(min_get=4)
+            got.append((out, nxt))
+            nxt = nxt[nxt["env_index"][:, 0].argsort()]
+            for half in ([2, 0], [3, 1]):
+                sent = nxt[torch.tensor(half)].exclude("env_index")
+                sent["action"] = torch.ones(2, 2, 1, dtype=torch.int64)
+                pool.async_step_and_maybe_reset_send(sent, env_index=half)
+        await pool.async_step_and_maybe_reset_recv(min_get=4)
+    return [(_sorted_rows(a), _sorted_rows(b)) for a, b in got]
+
+
+def _sorted_rows(td: TensorDictBase) -> TensorDictBase:
+    return td[td["env_index"][:, 0].argsort()]
+
+
+async def test_streamed_sub_batches_on_processes_give_what_coroutines_give():
+    procs = await _batched_script("process")
+    coros = await _batched_script("coroutine")
+    assert len(procs) == len(coros)
+    for (out_a, nxt_a), (out_b, nxt_b) in zip(procs, coros):
+        assert out_a.batch_size == (4, 2)
+        assert (out_a == out_b).all() and (nxt_a == nxt_b).all()
