@@ -301,7 +301,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._stacked: list[StackedBlocks] | None = None
         self._copiers: list[Callable[[], TensorDictBase] | None] = []
         #: the streamed steps' shared rows (see :meth:`shared_stream_rows`), and per env
-        #: whether its operation in flight reads its input from them
+        #: whether its operation in flight reads its input from them (1: its result is
+        #: held there too, 2: decoded)
         self._srows: SharedRows | None = None
         self._row_op: bytearray = bytearray()
         # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
@@ -642,9 +643,10 @@ class ProcessBackend(ClosingMixin, Backend):
             if inflight is None or inflight[0] != seq:
                 return  # given up (replace / cancel)
             self._inflight[i] = None
-            if self._row_op[i]:
+            row_op = self._row_op[i]
+            if row_op:
                 self._row_op[i] = 0
-                if code == SLOT and self._srows is not None:
+                if row_op == 1 and code == SLOT and self._srows is not None:
                     # the result stays in the rows until it is received
                     self._complete(i, self._srows.hold(i, inflight[1], bool(data)))
                     return
@@ -765,9 +767,13 @@ class ProcessBackend(ClosingMixin, Backend):
             if op in _SLOT_OPS and srows.row_of(env_index, payload):
                 # a streamed send's input, in the env's shared row already
                 data = None
-                self._row_op[env_index] = srows.results
+                self._row_op[env_index] = 1 if srows.results else 2
             else:
-                data = self._encode(env_index, op, payload)
+                if srows.pending[env_index] and op in _SLOT_OPS:
+                    # its row is still read by a result not received: not written over
+                    data = codec.dumps(payload)
+                else:
+                    data = self._encode(env_index, op, payload)
                 self._row_op[env_index] = 0
         else:
             data = self._encode(env_index, op, payload)
@@ -1170,6 +1176,9 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def cancel(self, env_index: int) -> bool:
         inflight = self._inflight[env_index]
+        if self._row_op[env_index] and self._srows is not None:
+            self._row_op[env_index] = 0
+            self._srows.forget(env_index)  # (fenced below while the worker may read it)
         if inflight is not None:
             self._inflight[env_index] = None
             w = self._of_env[env_index]

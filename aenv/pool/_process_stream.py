@@ -11,9 +11,10 @@ per entry, and makes the next inputs as a whole-batch step does
 (``AsyncEnvPool._stacked_next_input``), with no per-env TensorDict on either side.
 
 Rows are written again by the env's next operation (a streamed send, a per-env call, a
-whole-batch call): before that, a result still held there is copied out (:meth:`Held.own`,
-the receiver then reads the copy). An env whose cancelled operation the worker may still
-be reading (the backend's fences) is sent its input of its own, as before.
+whole-batch call): before that, a result still held there is copied out (:meth:`SharedRows.evict`,
+the receiver then reads the copy). An env whose input row is still read (a result that did
+not come back in the rows and is not received yet: ``pending``) or whose cancelled
+operation the worker may still be reading (the backend's fences) has its input pickled.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class SharedRows(StreamRows):
         nxt = self.next_rows[i].clone()
         rst = self.reset_rows[i].clone() if held.reset else None
         held.owned = (row.clone(), nxt, rst)
+        self.pending[i] = 0
 
     def evict_all(self) -> None:
         if not self.count:
@@ -137,19 +139,28 @@ class SharedRows(StreamRows):
     # ------------------------------------------------------------------ StreamRows'
     def _free(self, indices: Sequence[int]) -> list[int]:
         # the rows of an env are free once its held result is copied out, unless a
-        # cancelled operation may still read them
-        held, fences = self.held, self.fences
+        # result not held there still reads its input row, or a cancelled operation may
+        # still read them
+        held, fences, pending = self.held, self.fences, self.pending
         out = []
         for pos, i in enumerate(indices):
             if held[i] is not None:
                 self.evict(i)
-            if not fences or i not in fences:
+            if not pending[i] and (not fences or i not in fences):
                 out.append(pos)
         return out
 
     def release(self, indices: Sequence[int], payloads: Sequence[Any]) -> bool:
-        # (the rows are held and given up per env, see stack and evict)
+        # (a failure received: its input row is free; results are given up per env, see
+        # stack, evict and owned_items)
+        for i, payload in zip(indices, payloads):
+            if self.row_of(i, payload):
+                self.pending[i] = 0
         return False
+
+    def forget(self, i: int) -> None:
+        """Env ``i``'s streamed op was given up (no result will read its input row)."""
+        self.pending[i] = 0
 
     # ------------------------------------------------------------------ the receiver's
     def stack(
@@ -162,8 +173,10 @@ class SharedRows(StreamRows):
         for outcome in outcomes:
             if type(outcome) is not Held or held[outcome.env] is not outcome:
                 return None
+        pending = self.pending
         for outcome in outcomes:
             held[outcome.env] = None
+            pending[outcome.env] = 0
         self.count -= len(outcomes)
         stepped = self.gather(arr, {})
         nxt = _take(self._np_next, self.next_rows, arr)
@@ -199,5 +212,6 @@ class SharedRows(StreamRows):
             elif self.row_of(i, t.payload):
                 # (an input the per-env path writes "next" into: the row stays as made)
                 t.payload = t.payload.clone()
+                self.pending[i] = 0
             out.append((i, outcome, t))
         return out

@@ -141,6 +141,7 @@ async def _script(backend: str, **kw: Any) -> list[tuple[TensorDictBase, TensorD
         if backend == "process":
             rows = pool._rows_for(OP)
             assert rows.count == 0 and rows.held == [None] * n  # (every one received)
+            assert not any(rows.pending)
     return got
 
 
