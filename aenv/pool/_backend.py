@@ -15,7 +15,9 @@ whole-batch, streamed and per-env calls, fault policies, timeouts and cancellati
 through ``submit`` and the pool's tickets. ``launch`` runs a whole batch as one operation
 (its results in preallocated rows where they fit); the pool applies ``on_error``,
 ``step_timeout``, ``max_concurrency`` (in waves of at most that many envs) and cancellation
-to it as to tickets, on every backend. Two flags: ``overlaps_steps`` and ``stream_rows``.
+to it as to tickets, on every backend. Two flags: ``overlaps_steps`` and ``stream_rows``,
+and one hook for backends whose envs read rows shared with the pool's process:
+:meth:`~Backend.shared_stream_rows`.
 
 ``start(env_fns) -> list[EnvMetaData]``
     Called once, synchronously, by the pool's constructor. Builds env ``i`` by calling
@@ -357,6 +359,13 @@ class Backend(abc.ABC):
     def stager(self, rows: dict[str, torch.Tensor]) -> Callable[[int, int], None] | None:
         """Plan the staging of a rollout's random actions (see the module docstring);
         None: not planned."""
+        return None
+
+    def shared_stream_rows(self, sub_batch: torch.Size, results: bool) -> Any:
+        """The rows streamed steps go through where the envs live elsewhere and read
+        rows shared with this process (the process backend's, see
+        :mod:`aenv.pool._process_stream`): a streamed send's inputs are staged there and
+        its results held there until received (``results``); None by default."""
         return None
 
     def launch(

@@ -677,8 +677,27 @@ class AsyncEnvPool(PerEnvMixin, StreamMixin, EnvBase):
                 for sub, i in zip(tensordict.tensordicts, rows):  # type: ignore[attr-defined]
                     sub.update(specs[i].rand())
             return tensordict
-        tensordict.update(self.full_action_spec.rand()[index])
+        one = self._one_action_spec()
+        if one is not None:
+            # every env's spec is the same: a draw for the envs asked for alone
+            tensordict.update(one.rand() if type(index) is int else one.rand((len(rows),)))
+        else:
+            tensordict.update(self.full_action_spec.rand()[index])
         return tensordict
+
+    def _one_action_spec(self) -> Any:
+        """The sub-envs' action spec when the pool's is that one spec stacked (each env's
+        own bounds alike), else None; settled once per action spec."""
+        spec = self.full_action_spec
+        cached = self.__dict__.get("_one_action")
+        if cached is None or cached[0] is not spec:
+            one = spec[0] if self.num_envs else None
+            try:
+                same = one is not None and bool(torch.stack([one] * self.num_envs, 0) == spec)
+            except Exception:  # (specs that do not stack or compare: draw for every env)
+                same = False
+            cached = self.__dict__["_one_action"] = (spec, one if same else None)
+        return cached[1]
 
     def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:
         """The input of the next step from a stepped tensordict (keeps ``"env_index"``)."""

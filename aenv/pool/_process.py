@@ -17,7 +17,9 @@ results out of them, with no per-env TensorDict in the parent. One shared region
 every worker's slots (planned at start from all the workers' specs), so a like pool's
 results are one view per leaf across workers: they are handed out in place
 (``Stacked.owned`` False) and copied once, by whoever keeps them (a rollout's time rows, the
-pool's step). The streamed calls keep the per-env path (:meth:`ProcessBackend.submit`).
+pool's step). The streamed calls take the per-env path (:meth:`ProcessBackend.submit`) over
+the same rows: a streamed send's inputs are staged into the shared ``"in"`` rows and each
+result is held in its rows until it is received (:mod:`aenv.pool._process_stream`).
 
 A stacked call's commands and replies skip the socket: each worker's share is rung on its
 doorbell (:mod:`aenv.pool._process_bell`: a shared page and an eventfd per worker) and
@@ -76,6 +78,7 @@ from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell, Tally
+from aenv.pool._process_stream import SharedRows
 from aenv.pool._process_support import (
     ClosingMixin,
     kill_all,
@@ -311,6 +314,11 @@ class ProcessBackend(ClosingMixin, Backend):
         # per bank: the blocks as one stacked batch, or None
         self._stacked: list[StackedBlocks] | None = None
         self._copiers: list[Callable[[], TensorDictBase] | None] = []
+        #: the streamed steps' shared rows (see :meth:`shared_stream_rows`), and per env
+        #: whether its operation in flight reads its input from them (1: its result is
+        #: held there too, 2: decoded)
+        self._srows: SharedRows | None = None
+        self._row_op: bytearray = bytearray()
         # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
         # it has, the worker may still read the env's input slot for the cancelled op, so
         # the env's inputs travel pickled (never written over that op's input)
@@ -355,6 +363,7 @@ class ProcessBackend(ClosingMixin, Backend):
         self._lost = [None] * n
         self._last_cmd = [None] * n
         self._batch_of = [None] * n
+        self._row_op = bytearray(n)
         self._rows = self._bank_rows[0]
         try:
             for wid, indices in enumerate(groups):
@@ -651,6 +660,13 @@ class ProcessBackend(ClosingMixin, Backend):
             if inflight is None or inflight[0] != seq:
                 return  # given up (replace / cancel)
             self._inflight[i] = None
+            row_op = self._row_op[i]
+            if row_op:
+                self._row_op[i] = 0
+                if row_op == 1 and code == SLOT and self._srows is not None:
+                    # the result stays in the rows until it is received
+                    self._complete(i, self._srows.hold(i, inflight[1], bool(data)))
+                    return
             self._complete(i, self._decode(i, inflight[1], code, data))
         elif kind == "cx":
             _, i, n = msg
@@ -769,7 +785,23 @@ class ProcessBackend(ClosingMixin, Backend):
         if refused is not None:
             self._deliver(env_index, refused)
             return
-        data = self._encode(env_index, op, payload)
+        srows = self._srows
+        if srows is not None:
+            if srows.held[env_index] is not None:
+                srows.evict(env_index)  # (its rows are about to be written)
+            if op in _SLOT_OPS and srows.row_of(env_index, payload):
+                # a streamed send's input, in the env's shared row already
+                data = None
+                self._row_op[env_index] = 1 if srows.results else 2
+            else:
+                if srows.pending[env_index] and op in _SLOT_OPS:
+                    # its row is still read by a result not received: not written over
+                    data = codec.dumps(payload)
+                else:
+                    data = self._encode(env_index, op, payload)
+                self._row_op[env_index] = 0
+        else:
+            data = self._encode(env_index, op, payload)
         seq = next(self._seq)
         self._inflight[env_index] = (seq, op)
         cmd = ("op", env_index, seq, op, data)
@@ -809,6 +841,19 @@ class ProcessBackend(ClosingMixin, Backend):
             return None
         return codec.dumps(payload)
 
+    def shared_stream_rows(self, sub_batch: torch.Size, results: bool) -> SharedRows | None:
+        """The input rows of streamed steps over the shared rows the whole-batch steps use
+        (:mod:`aenv.pool._process_stream`), where one view per leaf holds the whole pool;
+        ``results``: their results are held in the rows until received."""
+        stacked = self._stacked
+        if self._srows is None and stacked is not None:
+            rows = {kind: stacked[0].rows(kind) for kind in ("in", "next", "reset")}
+            if all(td is not None for td in rows.values()):
+                srows = SharedRows(rows, sub_batch, self._fences, results)  # type: ignore[arg-type]
+                if srows.ok:
+                    self._srows = srows
+        return self._srows
+
     # ------------------------------------------------------------------ whole batch
     @property
     def overlaps_steps(self) -> bool:
@@ -834,6 +879,11 @@ class ProcessBackend(ClosingMixin, Backend):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
+        srows = self._srows
+        if srows is not None:
+            # (the rows are about to be written; a chained call's, staged already, come
+            # after the first call of their rollout, which evicted what was held)
+            srows.evict_all()
         stacked = self._stacked
         if inputs is None:  # (a chained call's actions, staged already: see stager)
             if stacked is None or after is None or not stacked[bank].partial:
@@ -1171,6 +1221,9 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def cancel(self, env_index: int) -> bool:
         inflight = self._inflight[env_index]
+        if self._row_op[env_index] and self._srows is not None:
+            self._row_op[env_index] = 0
+            self._srows.forget(env_index)  # (fenced below while the worker may read it)
         if inflight is not None:
             self._inflight[env_index] = None
             w = self._of_env[env_index]

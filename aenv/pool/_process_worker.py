@@ -445,7 +445,11 @@ class _Runtime:
                     self._submit((i, seq, op, data, batch))
         elif kind == "op":
             _, i, seq, op, data = cmd
-            self._submit((i, seq, op, data, None))
+            if data is None and op in _SLOT_OPS:
+                # a streamed step, its input in the env's slot: a batch's step of one env
+                self._slot_batch(seq, op, [(i, None)], None)
+            else:
+                self._submit((i, seq, op, data, None))
         elif kind == "cancel":
             _, i, seq = cmd
             task = self.tasks.get(i)
@@ -486,15 +490,20 @@ class _Runtime:
         else:
             self._start(rec)
 
-    def _slot_batch(self, seq: int, op: str, items: list[tuple[int, Any]], batch: _Batch) -> None:
+    def _slot_batch(
+        self, seq: int, op: str, items: list[tuple[int, Any]], batch: _Batch | None
+    ) -> None:
         """A batch's steps: each env whose input is in its slot and whose step cannot
         suspend runs right here, in a plain loop (:func:`step_rows`, or
         :func:`execute_inline` under type checks), its result going straight into its
-        slots; any other env takes the general path (:meth:`_submit`)."""
+        slots; any other env takes the general path (:meth:`_submit`). ``batch`` None: a
+        streamed step of one env (bank 0, answered on its own)."""
         envs, tasks, broken, seqs = self.envs, self.tasks, self.broken, self.seq
-        lanes = self.lanes.get((op, batch.bank))
+        bank = 0 if batch is None else batch.bank
+        stream = batch is not None and batch.stream
+        lanes = self.lanes.get((op, bank))
         if lanes is None:
-            lanes = self.lanes[op, batch.bank] = {}
+            lanes = self.lanes[op, bank] = {}
         step = op == "step"
         for i, data in items:
             env = envs.get(i)
@@ -503,14 +512,14 @@ class _Runtime:
                 if env is None:
                     self._submit((i, seq, op, data, batch))
                     continue
-                lane = lanes[i] = self._lane(op, batch.bank, i, env)
+                lane = lanes[i] = self._lane(op, bank, i, env)
             slot = lane[1]
             if data is not None or slot is None or i in tasks or i in broken:
                 self._submit((i, seq, op, data, batch))
                 continue
             seqs[i] = seq
             if (self.out or self.out_batches) and (
-                batch.stream or time.perf_counter() - self.out_since > _HOLD
+                stream or time.perf_counter() - self.out_since > _HOLD
             ):
                 # do not hold finished results behind a slow env (a streamed batch's
                 # parent has a step timeout: it hears of each env as it finishes)
@@ -528,7 +537,7 @@ class _Runtime:
                         # every result is in the slots already
                         self._done(i, seq, batch, SLOT, None if step else rst is True)
                         continue
-                    slots = self.banks[batch.bank][i]
+                    slots = self.banks[bank][i]
                     assert slots is not None
                     if isinstance(nxt, bool):
                         nxt = slots["next"].read()

@@ -27,6 +27,8 @@ from aenv.pool._sub_checks import check_sub_inputs
 __all__ = ["StreamMixin"]
 
 IndexLike = int | Sequence[int] | torch.Tensor
+#: the ops whose streamed inputs may go through rows (step_and_maybe_reset: shared rows only)
+_ROW_OPS = frozenset(("step", "step_and_maybe_reset"))
 
 
 class StreamMixin(_Dispatcher):
@@ -95,14 +97,22 @@ class StreamMixin(_Dispatcher):
     def _rows_for(self, op: str) -> StreamRows | None:
         """The input rows of streamed steps (:mod:`aenv.pool._stream_rows`), where the
         backend's envs live in this process and read them there, and the pool is dense."""
-        if op != "step" or self._lazy or not self._backend.stream_rows:
+        if op not in _ROW_OPS or self._lazy:
             return None
         if "_stream_rows" not in self.__dict__:
-            envs = self._backend.envs  # type: ignore[attr-defined]
-            rows = StreamRows(envs[0], len(envs), self._sub_batch)
+            rows: StreamRows | None = None
+            if self._backend.stream_rows:
+                envs = self._backend.envs  # type: ignore[attr-defined]
+                rows = StreamRows(envs[0], len(envs), self._sub_batch)
+            elif self.max_concurrency is None:
+                # the process backend's shared rows (aenv.pool._process_stream)
+                rows = self._backend.shared_stream_rows(
+                    self._sub_batch, results=self.on_error != "observe"
+                )
             # (None when the inputs cannot be planned: every send splits its batch)
-            self.__dict__["_stream_rows"] = rows if rows.ok else None
-        return self.__dict__["_stream_rows"]  # type: ignore[no-any-return]
+            self.__dict__["_stream_rows"] = rows if rows is not None and rows.ok else None
+        rows = self.__dict__["_stream_rows"]
+        return rows if op == "step" or (rows is not None and rows.shared) else None
 
     def _send_indices(
         self, td: TensorDictBase | None, env_index: IndexLike | None
@@ -339,6 +349,13 @@ class StreamMixin(_Dispatcher):
             out.set("env_index", idx)
             return out
         rows: StreamRows | None = self.__dict__.get("_stream_rows")
+        if rows is not None and rows.shared:
+            # the process backend's shared rows (aenv.pool._process_stream)
+            stacked = rows.stack(self, op, arr, idx, outcomes)  # type: ignore[attr-defined]
+            if stacked is not None:
+                return stacked
+            items = rows.owned_items(items)  # type: ignore[attr-defined]
+            outcomes = tuple(item[1] for item in items)
         if op == "step" and not self._lazy:
             sents = [t.payload for t in tickets]
             if rows is not None and rows.release(envs, sents):

@@ -44,8 +44,17 @@ class StreamRows:
         sub_batch: an env's batch size.
     """
 
-    def __init__(self, env: EnvBase, n: int, sub_batch: torch.Size) -> None:
-        plan = plan_rows(env, INPUT_GROUPS, n)
+    #: whether the rows are a process backend's shared ones (:mod:`aenv.pool._process_stream`)
+    shared = False
+
+    def __init__(
+        self, env: EnvBase | None, n: int, sub_batch: torch.Size, planned: Any = None
+    ) -> None:
+        # (``planned``: buffers planned already, as a TensorDict, instead of ``env``'s)
+        plan = planned
+        if plan is None:
+            assert env is not None
+            plan = plan_rows(env, INPUT_GROUPS, n)
         self.bufs: dict[str, torch.Tensor] = {}
         if plan is not None and all(type(v) is torch.Tensor for v in plan.values()):
             self.bufs = dict(plan.items())  # type: ignore[arg-type]
@@ -98,8 +107,7 @@ class StreamRows:
                     return None
         elif not all(type(entries[key]) is torch.Tensor for key in bufs):
             return None
-        pending = self.pending
-        free = [pos for pos, i in enumerate(indices) if not pending[i]]
+        free = self._free(indices)
         if not free:
             return [None] * len(indices)
         out: list[TensorDictBase | None] = [None] * len(indices)
@@ -127,6 +135,11 @@ class StreamRows:
             row = made[i]
             out[pos] = row if row is not None else self._row(i)
         return out
+
+    def _free(self, indices: Sequence[int]) -> list[int]:
+        """The positions of ``indices`` whose rows may be written now."""
+        pending = self.pending
+        return [pos for pos, i in enumerate(indices) if not pending[i]]
 
     def _row(self, i: int) -> TensorDictBase:
         """Env ``i``'s row (kept while intact: a row the env changed was dropped when its
