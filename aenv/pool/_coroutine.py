@@ -54,8 +54,10 @@ class CoroutineBackend(Backend):
     def __init__(self, deliver: Any, **options: Any) -> None:
         super().__init__(deliver, **options)
         self.envs: list[EnvBase] = []
-        # env i's lane (see _Lane): its worker, its idle future, an operation queued
-        self._lanes: list[_Lane] = []
+        # env i's lane (see _Lane): its worker, its idle future, an operation queued;
+        # made with its first worker (an env whose operations all run inline needs none,
+        # and a pool's build makes no object per env for it)
+        self._lanes: list[_Lane | None] = []
         self._retired: set[asyncio.Task[Any]] = set()
         # the cancelled operations still unwinding, by env (see settle)
         self._cancelled: dict[int, asyncio.Task[Any]] = {}
@@ -74,20 +76,22 @@ class CoroutineBackend(Backend):
                         with contextlib.suppress(Exception):
                             drive(env.aclose())
                 raise
-            self._lanes = [_Lane() for _ in self.envs]
+            self._lanes = [None] * len(self.envs)
             share_specs(self.envs)
             return env_metadata(self.envs)
 
     # ------------------------------------------------------------------ streaming
     def submit(self, env_index: int, op: str, payload: Any) -> None:
         lane = self._lanes[env_index]
-        idle = lane.idle
-        if idle is not None and op == "step" and lane.steps:
-            # (the usual streamed step: the idle worker of an env whose steps do not run
-            # inline, known from its first)
-            lane.idle = None
-            idle.set_result((op, payload))
-            return
+        idle = None
+        if lane is not None:
+            idle = lane.idle
+            if idle is not None and op == "step" and lane.steps:
+                # (the usual streamed step: the idle worker of an env whose steps do not
+                # run inline, known from its first)
+                lane.idle = None
+                idle.set_result((op, payload))
+                return
         env = self.envs[env_index]
         if runs_inline(env, op, payload):
             try:
@@ -97,6 +101,8 @@ class CoroutineBackend(Backend):
             else:
                 self._deliver(env_index, result)
             return
+        if lane is None:
+            lane = self._lanes[env_index] = _Lane()
         if op == "step":
             lane.steps = True
         if idle is not None:
@@ -154,7 +160,8 @@ class CoroutineBackend(Backend):
                 lane.clear()
 
     def cancel(self, env_index: int) -> bool:
-        if self._lanes[env_index].idle is not None or not self._drop_task(env_index):
+        lane = self._lanes[env_index]
+        if (lane is not None and lane.idle is not None) or not self._drop_task(env_index):
             return False
         if self.envs[env_index].blocking:
             # its worker thread cannot be stopped and would go on using the env: give it up
@@ -163,9 +170,10 @@ class CoroutineBackend(Backend):
 
     def _drop_task(self, env_index: int) -> bool:
         lane = self._lanes[env_index]
-        task = lane.worker
+        task = lane.worker if lane is not None else None
         if task is None:
             return False
+        assert lane is not None
         lane.clear()
         task.cancel()
         self._retired.add(task)
@@ -254,7 +262,7 @@ class CoroutineBackend(Backend):
     # ------------------------------------------------------------------ closing
     async def aclose(self, grace: float = 5.0) -> None:
         for i, lane in enumerate(self._lanes):
-            if lane.worker is None:
+            if lane is None or lane.worker is None:
                 continue
             if lane.idle is not None:
                 self._drop_task(i)
