@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import repeat
-from operator import attrgetter, is_, itemgetter, ne
 from typing import Any
 
 import torch
@@ -268,11 +266,6 @@ def fast_clone(td: TensorDictBase) -> TensorDictBase:
     )
 
 
-_entry_dict = attrgetter("_tensordict")
-_device_of = attrgetter("_device")
-_batch_of = attrgetter("_batch_size")
-
-
 def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None:
     """``torch.stack(tds, dim)`` for plain TensorDicts of one structure, built leaf by leaf.
 
@@ -287,22 +280,23 @@ def fast_stack(tds: Sequence[TensorDictBase], dim: int) -> TensorDictBase | None
     width = len(entries)
     device = first.device
     batch = first.batch_size
-    # (a plain TensorDict's own fields, not its properties, each column checked in C:
-    # this runs over every env of a streamed receive, thousands at a time)
-    if not all(map(is_, map(type, tds), repeat(TensorDict))):
-        return None
-    dicts = list(map(_entry_dict, tds))
-    if (
-        any(map(ne, map(len, dicts), repeat(width)))
-        or any(map(ne, map(_device_of, tds), repeat(device)))
-        or any(map(ne, map(_batch_of, tds), repeat(batch)))
-    ):
-        return None
+    dicts = []
+    for td in tds:
+        # (a plain TensorDict's own fields, not its properties: this runs once per env
+        # of a streamed receive, hundreds at a time)
+        if (
+            type(td) is not TensorDict
+            or len(td._tensordict) != width
+            or td._device != device
+            or td._batch_size != batch
+        ):
+            return None
+        dicts.append(td._tensordict)
     out: dict[str, Any] = {}
     try:
         for key, value in entries.items():
             if type(value) is torch.Tensor:
-                out[key] = torch.stack(list(map(itemgetter(key), dicts)), dim)
+                out[key] = torch.stack([d[key] for d in dicts], dim)
             elif type(value) is TensorDict:
                 sub = fast_stack([d[key] for d in dicts], dim)
                 if sub is None:

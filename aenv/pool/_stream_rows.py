@@ -17,10 +17,8 @@ input, as it may into a bare env's); otherwise that env gets an input of its own
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from collections.abc import Sequence
-from itertools import chain, repeat
-from operator import attrgetter, is_, methodcaller, ne
+from operator import is_
 from typing import Any
 
 import numpy as np
@@ -32,9 +30,6 @@ from aenv.envs._rowplan import INPUT_GROUPS, plan_rows
 from aenv.pool._stacking import index_tensor
 
 __all__ = ["StreamRows"]
-
-_entry_dict = attrgetter("_tensordict")
-_values = methodcaller("values")
 
 # entries a sent tensordict may hold besides the planned ones: the pool's, not env inputs
 _POOL_KEYS = frozenset(("env_index",))
@@ -104,13 +99,7 @@ class StreamRows:
         elif not all(type(entries[key]) is torch.Tensor for key in bufs):
             return None
         pending = self.pending
-        # (the usual send: no row of its envs pending, told in C)
-        every = not any(map(pending.__getitem__, indices))
-        free = (
-            range(len(indices))
-            if every
-            else [pos for pos, i in enumerate(indices) if not pending[i]]
-        )
+        free = [pos for pos, i in enumerate(indices) if not pending[i]]
         if not free:
             return [None] * len(indices)
         out: list[TensorDictBase | None] = [None] * len(indices)
@@ -121,9 +110,9 @@ class StreamRows:
             for view, key in zip(self._views[i], bufs):  # type: ignore[arg-type]
                 view.copy_(entries[key])
             return out
-        envs = indices if every else [indices[pos] for pos in free]
+        envs = [indices[pos] for pos in free]
         rows = index_tensor(envs)
-        src = None if every else index_tensor(free)
+        src = None if len(free) == len(indices) else index_tensor(free)
         try:
             for key, dst in bufs.items():
                 value = entries[key]
@@ -134,12 +123,6 @@ class StreamRows:
             # to a send that fits. The free rows it wrote to are read by no one.
             return None
         made = self._rows
-        if every:
-            out = list(map(made.__getitem__, indices))
-            # (every env's row made already, told in C: identities, as a TensorDict
-            # compares elementwise)
-            if not any(map(is_, out, repeat(None))):
-                return out
         for pos, i in zip(free, envs):
             row = made[i]
             out[pos] = row if row is not None else self._row(i)
@@ -164,18 +147,6 @@ class StreamRows:
         it was made (the env neither added nor replaced an entry: the buffers hold what it
         read); a row the env changed is dropped, and the env's next send makes a fresh one."""
         rows, views, pending = self._rows, self._views, self.pending
-        held = list(map(rows.__getitem__, indices))
-        if all(map(is_, payloads, held)) and not any(map(is_, held, repeat(None))):
-            # (the usual receive: every input its env's row; the rows checked intact in
-            # C, their entries against the views they were made with, all in one pass)
-            # (a held row's views are never None: made with it)
-            views_of: list[tuple[torch.Tensor, ...]] = list(map(views.__getitem__, indices))  # type: ignore[arg-type]
-            dicts = list(map(_entry_dict, held))
-            if not any(map(ne, map(len, dicts), map(len, views_of))) and all(
-                map(is_, chain.from_iterable(map(_values, dicts)), chain.from_iterable(views_of))
-            ):
-                deque(map(pending.__setitem__, indices, repeat(0)), 0)
-                return True
         whole = True
         for i, payload in zip(indices, payloads):
             row = rows[i]
