@@ -54,12 +54,10 @@ class CoroutineBackend(Backend):
     def __init__(self, deliver: Any, **options: Any) -> None:
         super().__init__(deliver, **options)
         self.envs: list[EnvBase] = []
-        # env i's worker (see _work), once an operation of env i did not run inline
-        self._workers: dict[int, asyncio.Task[Any]] = {}
-        # the idle workers' futures, by env: an operation is handed over by setting one
-        self._idle: dict[int, asyncio.Future[tuple[str, Any]]] = {}
-        # an operation submitted while its env's worker was busy delivering
-        self._queued: dict[int, tuple[str, Any]] = {}
+        # env i's lane (see _Lane): its worker, its idle future, an operation queued;
+        # made with its first worker (an env whose operations all run inline needs none,
+        # and a pool's build makes no object per env for it)
+        self._lanes: list[_Lane | None] = []
         self._retired: set[asyncio.Task[Any]] = set()
         # the cancelled operations still unwinding, by env (see settle)
         self._cancelled: dict[int, asyncio.Task[Any]] = {}
@@ -78,11 +76,22 @@ class CoroutineBackend(Backend):
                         with contextlib.suppress(Exception):
                             drive(env.aclose())
                 raise
+            self._lanes = [None] * len(self.envs)
             share_specs(self.envs)
             return env_metadata(self.envs)
 
     # ------------------------------------------------------------------ streaming
     def submit(self, env_index: int, op: str, payload: Any) -> None:
+        lane = self._lanes[env_index]
+        idle = None
+        if lane is not None:
+            idle = lane.idle
+            if idle is not None and op == "step" and lane.steps:
+                # (the usual streamed step: the idle worker of an env whose steps do not
+                # run inline, known from its first)
+                lane.idle = None
+                idle.set_result((op, payload))
+                return
         env = self.envs[env_index]
         if runs_inline(env, op, payload):
             try:
@@ -92,25 +101,30 @@ class CoroutineBackend(Backend):
             else:
                 self._deliver(env_index, result)
             return
-        idle = self._idle.pop(env_index, None)
+        if lane is None:
+            lane = self._lanes[env_index] = _Lane()
+        if op == "step":
+            lane.steps = True
         if idle is not None:
+            lane.idle = None
             idle.set_result((op, payload))
-        elif env_index in self._workers:
+        elif lane.worker is not None:
             # its worker is busy handing back the last outcome (a restart's reset is
             # submitted from inside that delivery): it takes this one next
-            self._queued[env_index] = (op, payload)
+            lane.queued = (op, payload)
         else:
-            worker = asyncio.get_running_loop().create_task(self._work(env_index, env, op, payload))
-            self._workers[env_index] = worker
+            lane.worker = asyncio.get_running_loop().create_task(
+                self._work(env_index, lane, env, op, payload)
+            )
 
-    async def _work(self, env_index: int, env: EnvBase, op: str, payload: Any) -> None:
+    async def _work(self, env_index: int, lane: _Lane, env: EnvBase, op: str, payload: Any) -> None:
         """Env ``env_index``'s worker: runs its operations one after another, from the
         first (``op``, ``payload``) to the last, and waits in between on a future of its
-        own. One task per env for the pool's life, not one per operation: a step in flight
-        holds only its own coroutines (see the module docstring)."""
+        own (``lane.idle``). One task per env for the pool's life, not one per operation:
+        a step in flight holds only its own coroutines (see the module docstring)."""
         me = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        workers, idle, queued = self._workers, self._idle, self._queued
+        deliver = self._deliver
         try:
             while True:
                 outcome: Any
@@ -124,29 +138,30 @@ class CoroutineBackend(Backend):
                 except Exception as exc:
                     outcome = Failure(exc)
                 payload = None  # (a waiting worker holds no input)
-                if workers.get(env_index) is not me:
+                if lane.worker is not me:
                     return  # given up: cancelled (and the env ignored it) or replaced
-                self._deliver(env_index, outcome)
+                deliver(env_index, outcome)
                 outcome = None
-                if workers.get(env_index) is not me:
+                if lane.worker is not me:
                     return  # the delivery replaced the env (a restart): a new worker runs it
-                nxt = queued.pop(env_index, None)
+                nxt = lane.queued
                 if nxt is None:
                     # (the Future itself, not loop.create_future(): one Python call
                     # fewer per step, and any loop's tasks await an asyncio.Future)
                     fut: asyncio.Future[tuple[str, Any]] = Future(loop=loop)
-                    idle[env_index] = fut
+                    lane.idle = fut
                     nxt = await fut
+                else:
+                    lane.queued = None
                 op, payload = nxt
                 nxt = None
         finally:
-            if workers.get(env_index) is me:
-                del workers[env_index]
-                idle.pop(env_index, None)
-                queued.pop(env_index, None)
+            if lane.worker is me:
+                lane.clear()
 
     def cancel(self, env_index: int) -> bool:
-        if env_index in self._idle or not self._drop_task(env_index):
+        lane = self._lanes[env_index]
+        if (lane is not None and lane.idle is not None) or not self._drop_task(env_index):
             return False
         if self.envs[env_index].blocking:
             # its worker thread cannot be stopped and would go on using the env: give it up
@@ -154,11 +169,12 @@ class CoroutineBackend(Backend):
         return True
 
     def _drop_task(self, env_index: int) -> bool:
-        task = self._workers.pop(env_index, None)
+        lane = self._lanes[env_index]
+        task = lane.worker if lane is not None else None
         if task is None:
             return False
-        self._idle.pop(env_index, None)
-        self._queued.pop(env_index, None)
+        assert lane is not None
+        lane.clear()
         task.cancel()
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -245,8 +261,10 @@ class CoroutineBackend(Backend):
 
     # ------------------------------------------------------------------ closing
     async def aclose(self, grace: float = 5.0) -> None:
-        for i in list(self._workers):
-            if i in self._idle:
+        for i, lane in enumerate(self._lanes):
+            if lane is None or lane.worker is None:
+                continue
+            if lane.idle is not None:
                 self._drop_task(i)
             else:
                 self.cancel(i)
@@ -268,6 +286,28 @@ class CoroutineBackend(Backend):
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+class _Lane:
+    """One env's streaming state, kept together: its worker task (once an operation of the
+    env did not run inline), the future the idle worker waits on (an operation is handed
+    over by setting it), and an operation submitted while the worker was busy delivering.
+    One object per env rather than a dict per field: a step reads and writes them all,
+    and at thousands of envs each dict lookup was a trip to a different part of memory."""
+
+    __slots__ = ("idle", "queued", "steps", "worker")
+
+    def __init__(self) -> None:
+        self.worker: asyncio.Task[Any] | None = None
+        self.idle: asyncio.Future[tuple[str, Any]] | None = None
+        self.queued: tuple[str, Any] | None = None
+        # the worker's env does not run its steps inline (found by submit)
+        self.steps = False
+
+    def clear(self) -> None:
+        """The worker ended or was given up."""
+        self.worker = self.idle = self.queued = None
+        self.steps = False
 
 
 def _build(fn: Callable[[], EnvBase]) -> EnvBase:

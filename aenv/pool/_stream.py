@@ -7,7 +7,7 @@ import contextlib
 import numbers
 from collections.abc import AsyncIterator, Callable, Sequence
 from itertools import repeat
-from operator import is_not
+from operator import attrgetter, is_not, itemgetter
 from typing import Any
 
 import anyio
@@ -29,6 +29,8 @@ __all__ = ["StreamMixin"]
 IndexLike = int | Sequence[int] | torch.Tensor
 #: the ops whose streamed inputs may go through rows (step_and_maybe_reset: shared rows only)
 _ROW_OPS = frozenset(("step", "step_and_maybe_reset"))
+
+_payload = attrgetter("payload")
 
 
 class StreamMixin(_Dispatcher):
@@ -321,13 +323,15 @@ class StreamMixin(_Dispatcher):
         else:
             take = len(ready) if max_get is None else min(max_get, len(ready))
             items = ready.pop_oldest(take)
-        for k, item in enumerate(items):
-            if isinstance(item[1], Failure):
-                ready.put_back(items[:k] + items[k + 1 :])
-                rows = self.__dict__.get("_stream_rows")
-                if rows is not None:
-                    rows.release((item[0],), (item[2].payload,))
-                raise item[1].exc
+        # (the outcomes' types checked in C: a failure is rare, thousands go through here)
+        if any(map(isinstance, map(itemgetter(1), items), repeat(Failure))):
+            for k, item in enumerate(items):
+                if isinstance(item[1], Failure):
+                    ready.put_back(items[:k] + items[k + 1 :])
+                    rows = self.__dict__.get("_stream_rows")
+                    if rows is not None:
+                        rows.release((item[0],), (item[2].payload,))
+                    raise item[1].exc
         return self._stack_stream(op, items)
 
     def _next_input(self, stepped: TensorDictBase, reset: TensorDictBase | None) -> TensorDictBase:
@@ -357,7 +361,7 @@ class StreamMixin(_Dispatcher):
             items = rows.owned_items(items)  # type: ignore[attr-defined]
             outcomes = tuple(item[1] for item in items)
         if op == "step" and not self._lazy:
-            sents = [t.payload for t in tickets]
+            sents = list(map(_payload, tickets))
             if rows is not None and rows.release(envs, sents):
                 # the inputs straight from their rows: one index per entry
                 nxt = stack_results(outcomes, False)

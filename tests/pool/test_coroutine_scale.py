@@ -269,3 +269,28 @@ async def test_a_cancelled_step_frees_its_env_and_its_worker():
         assert torch.equal(env.seen[-1][1], sent["action"][0])
     finally:
         await pool.aclose()
+
+
+class SyncStepEnv(RecordingEnv):
+    """Its reset awaits (a worker runs it), its step is sync (it runs inline)."""
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:  # type: ignore[override]
+        return TensorDict(
+            observation=td["action"].clone(),
+            reward=torch.ones(1),
+            done=torch.zeros(1, dtype=torch.bool),
+        )
+
+
+async def test_a_sync_step_runs_inline_though_its_env_has_a_worker():
+    # the reset left an idle worker behind; the step still finishes inside its send
+    pool = AsyncEnvPool([SyncStepEnv for _ in range(2)])
+    try:
+        await pool.reset()
+        for _ in range(3):
+            pool.async_step_send(_actions(2, 0.0), env_index=[0, 1])
+            assert len(pool._ready["step"]) == 2  # (no await since the send)
+            out = await pool.async_step_recv(min_get=2)
+            assert sorted(out["env_index"].tolist()) == [0, 1]
+    finally:
+        await pool.aclose()
