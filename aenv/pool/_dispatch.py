@@ -310,20 +310,11 @@ class _Dispatcher:
 
     def _enqueue(self, t: _Ticket) -> None:
         self._tickets[t.index] = t
-        if self.max_concurrency is not None:
+        if self.max_concurrency is None:
+            self._launch(t)
+        else:
             self._waiting.append(t)
             self._pump()
-            return
-        # (_launch, in place: every streamed step passes here)
-        t.launched = True
-        self._running += 1
-        if self.step_timeout is not None and t.op in _TIMED_OPS:
-            t.timer = asyncio.get_running_loop().call_later(self.step_timeout, self._expire, t)
-        try:
-            self._backend.submit(t.index, t.op, t.payload)
-        except BaseException:
-            self._release(t)
-            raise
 
     def _pump(self) -> None:
         if self._pumping:
@@ -401,16 +392,7 @@ class _Dispatcher:
             outcome = self._restart_result(i, t, outcome)
         elif self.on_error == "observe" and t.op in _RESTARTABLE:
             outcome = self._observed(outcome)
-        # (_release, in place: every outcome passes here)
-        tickets = self._tickets
-        if tickets[i] is t:
-            tickets[i] = None
-        if t.timer is not None:
-            t.timer.cancel()
-            t.timer = None
-        if t.launched:
-            t.launched = False
-            self._running -= 1
+        self._release(t)
         if t.future is not None:
             if not t.future.done():
                 t.future.set_result(outcome)
