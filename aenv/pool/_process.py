@@ -893,6 +893,8 @@ class ProcessBackend(ClosingMixin, Backend):
             return self._send_payloads(op, indices, inputs, step_timeout)
         if op not in _SLOT_OPS or stacked is None or self._fences or self._refusing():
             return None
+        if indices is not None and self._others_read_rows(indices):
+            return None
         staged = stacked[bank]
         if inputs is not None and not staged.write_inputs(inputs):
             return None
@@ -1016,6 +1018,19 @@ class ProcessBackend(ClosingMixin, Backend):
         mask = torch.from_numpy(np.array(flags, dtype=np.bool_))
         reset = stacked.rows("reset") if not owned else stacked.read("reset")
         return Stacked(nxt, reset, mask, owned=owned, copy=copy)
+
+    def _others_read_rows(self, indices: Sequence[int]) -> bool:
+        """Whether an env left out of a call for ``indices`` may still read its input row:
+        an operation in flight, or a streamed result not received yet that reads it. A
+        stacked input is written into every env's row, so such a call goes per env."""
+        inflight = self._inflight
+        srows = self._srows
+        pending = srows.pending if srows is not None else None
+        chosen = set(indices)
+        for i, current in enumerate(inflight):
+            if i not in chosen and (current is not None or (pending is not None and pending[i])):
+                return True
+        return False
 
     def _refusing(self) -> bool:
         """Whether some env would be refused an op (a broken worker, a lost env)."""

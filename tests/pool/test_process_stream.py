@@ -4,6 +4,7 @@ the same data as on coroutines, whatever is sent, received or stepped in between
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from functools import partial
 from typing import Any
@@ -261,3 +262,54 @@ async def test_streamed_sub_batches_on_processes_give_what_coroutines_give():
     for (out_a, nxt_a), (out_b, nxt_b) in zip(procs, coros):
         assert out_a.batch_size == (4, 2)
         assert (out_a == out_b).all() and (nxt_a == nxt_b).all()
+
+
+class LateReader(EnvBase):
+    """Reads its action only once the file ``gate`` exists (env 0; the others at once)."""
+
+    def __init__(self, env: int, gate: str) -> None:
+        super().__init__()
+        self.observation_spec = Composite(observation=Unbounded((1,)))
+        self.action_spec = Unbounded((1,))
+        self.reward_spec = Unbounded((1,))
+        self.env, self.gate = env, gate
+
+    async def _reset(self, td: TensorDictBase | None, **kw: Any) -> TensorDictBase:
+        return TensorDict({"observation": torch.zeros(1)}, [])
+
+    async def _step(self, td: TensorDictBase) -> TensorDictBase:
+        while self.env == 0 and not os.path.exists(self.gate):
+            await asyncio.sleep(0.001)
+        action = td["action"].clone()
+        return TensorDict(
+            {
+                "observation": action,
+                "reward": torch.zeros(1),
+                "done": torch.zeros(1, dtype=torch.bool),
+            },
+            [],
+        )
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "process"])
+async def test_a_masked_step_leaves_a_streamed_steps_input_alone(
+    backend: str, tmp_path: Any
+) -> None:
+    # env 0's streamed step reads its action only after a masked whole-batch step of the
+    # other envs came back: that step must not have written env 0's input row (it did on
+    # processes, whose stacked inputs fill every env's row)
+    gate = str(tmp_path / "gate")
+    options = {"num_workers": 2} if backend == "process" else {}
+    fns = [partial(LateReader, i, gate) for i in range(4)]
+    async with AsyncEnvPool(fns, backend=backend, backend_options=options) as pool:
+        td = await pool.reset()
+        td["action"] = torch.full((4, 1), 1.0)
+        pool.async_step_send(td[0:1].clone(), env_index=[0])
+        batch = td.clone()
+        batch["action"] = torch.full((4, 1), 99.0)
+        batch["_step"] = torch.tensor([False, True, True, True])
+        out = await pool.step(batch)
+        assert out["next", "observation"].flatten().tolist() == [0.0, 99.0, 99.0, 99.0]
+        open(gate, "w").close()
+        got = await pool.async_step_recv(min_get=1)
+        assert got["next", "observation"].flatten().tolist() == [1.0]
