@@ -313,3 +313,31 @@ async def test_a_masked_step_leaves_a_streamed_steps_input_alone(
         open(gate, "w").close()
         got = await pool.async_step_recv(min_get=1)
         assert got["next", "observation"].flatten().tolist() == [1.0]
+
+
+async def test_a_decoded_results_input_row_is_not_written_before_it_is_received() -> None:
+    # with on_error="observe" a streamed result comes back decoded, not held in the rows,
+    # and its input is read from env 0's row when it is received: a second send to env 0
+    # before that goes in an input of its own, leaving the row as the first send left it
+    fns = [partial(WalkEnv, i, limit=100) for i in range(4)]
+    options = {"num_workers": 2}
+    async with AsyncEnvPool(
+        fns, backend="process", backend_options=options, on_error="observe"
+    ) as pool:
+        td = await pool.reset()
+        # (the planned input entries exactly, so that the first send fills env 0's row:
+        # "observe" adds a "truncated" the rows do not plan)
+        first, second = (
+            td[0:1].exclude("env_index", "truncated").clone().update({"action": a})
+            for a in (torch.tensor([[True, False]]), torch.tensor([[False, True]]))
+        )
+        pool.async_step_send(first, env_index=[0])
+        assert pool._rows_for("step").pending[0]  # type: ignore[union-attr]
+        while len(pool._ready["step"]) < 1:
+            await asyncio.sleep(0.001)
+        pool.async_step_send(second, env_index=[0])  # (the first not received yet)
+        while len(pool._ready["step"]) < 2:
+            await asyncio.sleep(0.001)
+        got = [await pool.async_step_recv(min_get=1, max_get=1) for _ in range(2)]
+        assert [g["action"].tolist() for g in got] == [[[True, False]], [[False, True]]]
+        assert [g["next", "observation"][0, 0].item() for g in got] == [-1.0, 0.0]
