@@ -39,6 +39,8 @@ __all__ = [
 NO_DIMS = torch.Size()
 #: types :func:`non_tensor` assembles without looking further
 _PLAIN = frozenset({str, bytes, int, float, bool, tuple, list, dict, type(None)})
+#: the plain types that are never a NonTensorData (builtins, no subclass)
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
 #: what a NonTensorData holds besides its data (as tensordict's constructor leaves it)
 _FIELDS = ("_tensordict", "_non_tensordict", "_is_initialized")
 
@@ -96,11 +98,14 @@ def non_tensor(value: Any, batch_size: Sequence[int] = NO_DIMS) -> NonTensorData
 def non_tensor_value(value: Any) -> Any:
     """``value.data`` for a NonTensorData (read from its fields: the attribute goes through
     the tensorclass's lookup, several us), else ``value`` as it is."""
-    if type(value) is NonTensorData:
+    kind = type(value)
+    if kind is NonTensorData:
         fields = value.__dict__.get("_non_tensordict")
         if fields is not None and "data" in fields:
             return fields["data"]
         return value.data
+    if kind in _SCALARS:  # text and numbers as they are (the isinstance check costs)
+        return value
     if isinstance(value, NonTensorData):
         return value.data
     return value

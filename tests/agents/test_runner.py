@@ -208,6 +208,35 @@ async def test_leaving_early_cancels_the_rest_and_frees_every_env(backend):
             assert (await pool.reset_one(2))["text"] == ""  # usable at once
 
 
+class _Abort(BaseException):
+    """Not an Exception: the runner does not keep it as the episode's error."""
+
+
+async def test_an_error_escaping_an_episode_stops_every_episode_and_frees_every_env():
+    calls = 0
+
+    async def policy_(td):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise _Abort("stop")
+        await anyio.sleep(0 if calls < 3 else 30)  # the others wait in the policy
+        return "no idea"
+
+    pool = AsyncEnvPool([partial(GuessTextEnv, max_steps=4)] * 3)
+    async with pool:
+        with anyio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
+            async with run_episodes(pool, policy_, PROMPTS) as stream:
+                await collect(stream)
+        # the slots' group, inside the stream's own
+        inner = info.value.exceptions[0]
+        assert isinstance(inner, BaseExceptionGroup)
+        assert [type(e) for e in inner.exceptions] == [_Abort]
+        assert all(t is None for t in pool._tickets)
+        with anyio.fail_after(10):
+            assert (await pool.reset_one(1))["text"] == ""  # usable at once
+
+
 async def test_policy_may_return_its_action():
     """A policy returns the action (the runner writes it) or sets it itself: same episodes."""
 
