@@ -83,28 +83,23 @@ class CoroutineBackend(Backend):
     # ------------------------------------------------------------------ streaming
     def submit(self, env_index: int, op: str, payload: Any) -> None:
         lane = self._lanes[env_index]
-        idle = None
-        if lane is not None:
-            idle = lane.idle
-            if idle is not None and op == "step" and lane.steps:
-                # (the usual streamed step: the idle worker of an env whose steps do not
-                # run inline, known from its first)
-                lane.idle = None
-                idle.set_result((op, payload))
+        # (the usual streamed step, to the idle worker of an env whose steps are known not
+        # to run inline, skips the check)
+        if lane is None or lane.idle is None or not (lane.steps and op == "step"):
+            env = self.envs[env_index]
+            if runs_inline(env, op, payload):
+                try:
+                    result = drive(execute(env, op, payload))
+                except Exception as exc:
+                    self._deliver(env_index, Failure(exc))
+                else:
+                    self._deliver(env_index, result)
                 return
-        env = self.envs[env_index]
-        if runs_inline(env, op, payload):
-            try:
-                result = drive(execute(env, op, payload))
-            except Exception as exc:
-                self._deliver(env_index, Failure(exc))
-            else:
-                self._deliver(env_index, result)
-            return
-        if lane is None:
-            lane = self._lanes[env_index] = _Lane()
-        if op == "step":
-            lane.steps = True
+            if lane is None:
+                lane = self._lanes[env_index] = _Lane()
+            if op == "step":
+                lane.steps = True
+        idle = lane.idle
         if idle is not None:
             lane.idle = None
             idle.set_result((op, payload))
@@ -114,7 +109,7 @@ class CoroutineBackend(Backend):
             lane.queued = (op, payload)
         else:
             lane.worker = asyncio.get_running_loop().create_task(
-                self._work(env_index, lane, env, op, payload)
+                self._work(env_index, lane, self.envs[env_index], op, payload)
             )
 
     async def _work(self, env_index: int, lane: _Lane, env: EnvBase, op: str, payload: Any) -> None:

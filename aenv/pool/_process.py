@@ -786,22 +786,15 @@ class ProcessBackend(ClosingMixin, Backend):
             self._deliver(env_index, refused)
             return
         srows = self._srows
+        row_op = 0
         if srows is not None:
             if srows.held[env_index] is not None:
                 srows.evict(env_index)  # (its rows are about to be written)
             if op in _SLOT_OPS and srows.row_of(env_index, payload):
                 # a streamed send's input, in the env's shared row already
-                data = None
-                self._row_op[env_index] = 1 if srows.results else 2
-            else:
-                if srows.pending[env_index] and op in _SLOT_OPS:
-                    # its row is still read by a result not received: not written over
-                    data = codec.dumps(payload)
-                else:
-                    data = self._encode(env_index, op, payload)
-                self._row_op[env_index] = 0
-        else:
-            data = self._encode(env_index, op, payload)
+                row_op = 1 if srows.results else 2
+        self._row_op[env_index] = row_op
+        data = None if row_op else self._encode(env_index, op, payload)
         seq = next(self._seq)
         self._inflight[env_index] = (seq, op)
         cmd = ("op", env_index, seq, op, data)
@@ -828,12 +821,16 @@ class ProcessBackend(ClosingMixin, Backend):
 
     def _encode(self, env_index: int, op: str, payload: Any) -> bytes | None:
         """The command's data: None when the input went into the env's slot (or for a
-        plain reset), else the pickled payload."""
+        plain reset), else the pickled payload. The slot is not written while something
+        may still read it: a cancelled op (the fences) or a streamed result not received
+        yet (the shared stream rows' ``pending``)."""
         if op in _SLOT_OPS:
             slots = self._slots[env_index]
+            srows = self._srows
             if (
                 slots is not None
                 and env_index not in self._fences
+                and (srows is None or not srows.pending[env_index])
                 and slots["in"].write_input(payload)
             ):
                 return None
@@ -893,7 +890,7 @@ class ProcessBackend(ClosingMixin, Backend):
             return self._send_payloads(op, indices, inputs, step_timeout)
         if op not in _SLOT_OPS or stacked is None or self._fences or self._refusing():
             return None
-        if indices is not None and self._others_read_rows(indices):
+        if self._rows_still_read(indices):
             return None
         staged = stacked[bank]
         if inputs is not None and not staged.write_inputs(inputs):
@@ -1019,18 +1016,21 @@ class ProcessBackend(ClosingMixin, Backend):
         reset = stacked.rows("reset") if not owned else stacked.read("reset")
         return Stacked(nxt, reset, mask, owned=owned, copy=copy)
 
-    def _others_read_rows(self, indices: Sequence[int]) -> bool:
-        """Whether an env left out of a call for ``indices`` may still read its input row:
-        an operation in flight, or a streamed result not received yet that reads it. A
-        stacked input is written into every env's row, so such a call goes per env."""
-        inflight = self._inflight
+    def _rows_still_read(self, indices: Sequence[int] | None) -> bool:
+        """Whether an input row a stacked call would write (it writes every env's) may
+        still be read: a streamed step in flight or a streamed result not received yet
+        that reads it (the shared stream rows' ``pending``, once held results are copied
+        out), or an operation in flight of an env the call leaves out. Such a call goes
+        per env, each input into its own slot."""
         srows = self._srows
-        pending = srows.pending if srows is not None else None
+        if srows is not None and any(srows.pending):
+            return True
+        if indices is None:
+            return False
         chosen = set(indices)
-        for i, current in enumerate(inflight):
-            if i not in chosen and (current is not None or (pending is not None and pending[i])):
-                return True
-        return False
+        return any(
+            current is not None and i not in chosen for i, current in enumerate(self._inflight)
+        )
 
     def _refusing(self) -> bool:
         """Whether some env would be refused an op (a broken worker, a lost env)."""

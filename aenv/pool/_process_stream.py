@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from aenv.pool._backend import Stacked
-from aenv.pool._stream_rows import StreamRows
+from aenv.pool._stream_rows import StreamRows, host_views, take_rows
 
 if TYPE_CHECKING:
     from aenv.pool._dispatch import _Ticket
@@ -55,22 +55,10 @@ class Held:
         return nxt if self.op == "step" else (nxt, rst)
 
 
-def _take(rows: dict[str, np.ndarray] | None, tds: TensorDictBase, idx: np.ndarray) -> TensorDict:
-    """Rows ``idx`` of ``tds`` (a TensorDict of flat entries), copied: one take per entry."""
-    batch = (len(idx), *tds.batch_size[1:])
-    if rows is not None:
-        entries = {k: torch.from_numpy(a.take(idx, 0)) for k, a in rows.items()}
-    else:
-        index = torch.from_numpy(idx)
-        entries = {k: v.index_select(0, index) for k, v in tds.items()}  # type: ignore[union-attr]
-    return TensorDict._new_unsafe(entries, batch_size=batch, nested=False)  # type: ignore[arg-type]
-
-
-def _numpy(td: TensorDictBase) -> dict[str, np.ndarray] | None:
-    try:
-        return {k: v.numpy() for k, v in td.items()}  # type: ignore[union-attr,misc]
-    except (TypeError, RuntimeError):  # (a dtype numpy lacks)
-        return None
+def _flat(rows: TensorDictBase) -> dict[str, torch.Tensor] | None:
+    """``rows``' entries when all are tensors (flat), else None."""
+    out = dict(rows.items())
+    return out if all(type(v) is torch.Tensor for v in out.values()) else None  # type: ignore[return-value]
 
 
 class SharedRows(StreamRows):
@@ -97,7 +85,12 @@ class SharedRows(StreamRows):
         n = rows["in"].batch_size[0]
         super().__init__(None, n, sub_batch, planned=rows["in"])
         self.next_rows, self.reset_rows = rows["next"], rows["reset"]
-        self._np_next, self._np_reset = _numpy(self.next_rows), _numpy(self.reset_rows)
+        next_bufs, reset_bufs = _flat(self.next_rows), _flat(self.reset_rows)
+        if next_bufs is None or reset_bufs is None:
+            self.bufs = {}  # (not ok: a nested result entry, gathered per env as before)
+            next_bufs = reset_bufs = {}
+        self._next_bufs, self._reset_bufs = next_bufs, reset_bufs
+        self._np_next, self._np_reset = host_views(self._next_bufs), host_views(self._reset_bufs)
         self.fences = fences
         self.results = results
         #: env -> its result held in the rows, not received yet; how many are
@@ -179,7 +172,7 @@ class SharedRows(StreamRows):
             pending[outcome.env] = 0
         self.count -= len(outcomes)
         stepped = self.gather(arr, {})
-        nxt = _take(self._np_next, self.next_rows, arr)
+        nxt = take_rows(self._np_next, self._next_bufs, arr, self.sub_batch, self.device)
         if op == "step":
             stepped.set("next", nxt)
             stepped.set("env_index", idx)
@@ -188,7 +181,7 @@ class SharedRows(StreamRows):
         if True in flags:
             result = Stacked(
                 nxt,
-                _take(self._np_reset, self.reset_rows, arr),
+                take_rows(self._np_reset, self._reset_bufs, arr, self.sub_batch, self.device),
                 torch.from_numpy(np.array(flags, dtype=np.bool_)),
             )
         else:

@@ -16,7 +16,6 @@ input, as it may into a bare env's); otherwise that env gets an input of its own
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from operator import is_
 from typing import Any
@@ -65,10 +64,7 @@ class StreamRows:
         self.device = plan.device if plan is not None else None
         # numpy views of host buffers: a receive gathers its rows with numpy's take, at
         # about half the cost of a torch index per entry for the few rows it takes
-        self._host: dict[str, np.ndarray] | None = None
-        if all(b.device.type == "cpu" for b in self.bufs.values()):
-            with contextlib.suppress(TypeError):  # (a dtype numpy lacks: bfloat16)
-                self._host = {k: b.numpy() for k, b in self.bufs.items()}
+        self._host = host_views(self.bufs)
         # env i's row and the views it was made with (to tell whether the env changed it)
         self._rows: list[TensorDictBase | None] = [None] * n
         self._views: list[tuple[torch.Tensor, ...] | None] = [None] * n
@@ -179,17 +175,38 @@ class StreamRows:
     def gather(self, idx: np.ndarray, extra: dict[str, Any]) -> TensorDictBase:
         """The rows of ``idx`` (an int64 array) stacked (a copy: one index per entry),
         with the ``extra`` entries (already of the stack's batch size) beside them."""
-        host = self._host
-        entries: dict[Any, Any]
-        if host is not None:
-            entries = {k: torch.from_numpy(a.take(idx, 0)) for k, a in host.items()}
-        else:
-            index = torch.from_numpy(idx).to(self.device)
-            entries = {k: buf.index_select(0, index) for k, buf in self.bufs.items()}
-        entries.update(extra)
-        return TensorDict._new_unsafe(
-            entries,
-            batch_size=(len(idx), *self.sub_batch),
-            device=self.device,
-            nested=False,
-        )
+        out = take_rows(self._host, self.bufs, idx, self.sub_batch, self.device)
+        out._tensordict.update(extra)  # type: ignore[attr-defined]
+        return out
+
+
+def host_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
+    """numpy views of ``bufs`` where all are host tensors numpy can view, else None: a
+    receive gathers its rows with numpy's take, at about half the cost of a torch index
+    per entry for the few rows it takes."""
+    if not all(b.device.type == "cpu" for b in bufs.values()):
+        return None
+    try:
+        return {k: b.numpy() for k, b in bufs.items()}
+    except (TypeError, RuntimeError):  # (a dtype numpy lacks: bfloat16)
+        return None
+
+
+def take_rows(
+    host: dict[str, np.ndarray] | None,
+    bufs: dict[str, torch.Tensor],
+    idx: np.ndarray,
+    sub_batch: torch.Size,
+    device: torch.device | None,
+) -> TensorDictBase:
+    """Rows ``idx`` (an int64 array) of the buffers ``bufs`` (``host``: their
+    :func:`host_views`), copied into a new TensorDict: one take per entry."""
+    entries: dict[Any, Any]
+    if host is not None:
+        entries = {k: torch.from_numpy(a.take(idx, 0)) for k, a in host.items()}
+    else:
+        index = torch.from_numpy(idx).to(device)
+        entries = {k: buf.index_select(0, index) for k, buf in bufs.items()}
+    return TensorDict._new_unsafe(
+        entries, batch_size=(len(idx), *sub_batch), device=device, nested=False
+    )

@@ -341,3 +341,24 @@ async def test_a_decoded_results_input_row_is_not_written_before_it_is_received(
         got = [await pool.async_step_recv(min_get=1, max_get=1) for _ in range(2)]
         assert [g["action"].tolist() for g in got] == [[[True, False]], [[False, True]]]
         assert [g["next", "observation"][0, 0].item() for g in got] == [-1.0, 0.0]
+
+
+async def test_a_whole_batch_step_leaves_a_decoded_results_input_row_alone() -> None:
+    # as above, with a whole-batch step before the receive: its stacked input would fill
+    # every env's row, env 0's too, so it goes per env (env 0's input pickled)
+    fns = [partial(WalkEnv, i, limit=100) for i in range(4)]
+    options = {"num_workers": 2}
+    async with AsyncEnvPool(
+        fns, backend="process", backend_options=options, on_error="observe"
+    ) as pool:
+        td = await pool.reset()
+        inputs = td.exclude("env_index", "truncated").clone()
+        first = inputs[0:1].clone().update({"action": torch.tensor([[True, False]])})
+        pool.async_step_send(first, env_index=[0])
+        while len(pool._ready["step"]) < 1:
+            await asyncio.sleep(0.001)
+        inputs["action"] = torch.tensor([[False, True]] * 4)
+        whole = await pool.step(inputs)
+        assert whole["next", "observation"][:, 0].tolist() == [0.0, 1.0, 1.0, 1.0]
+        got = await pool.async_step_recv(min_get=1)
+        assert got["action"].tolist() == [[True, False]]
