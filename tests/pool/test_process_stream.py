@@ -4,8 +4,10 @@ the same data as on coroutines, whatever is sent, received or stepped in between
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -315,26 +317,32 @@ async def test_a_masked_step_leaves_a_streamed_steps_input_alone(
         assert got["next", "observation"].flatten().tolist() == [1.0]
 
 
-async def test_a_decoded_results_input_row_is_not_written_before_it_is_received() -> None:
-    # with on_error="observe" a streamed result comes back decoded, not held in the rows,
-    # and its input is read from env 0's row when it is received: a second send to env 0
-    # before that goes in an input of its own, leaving the row as the first send left it
+@contextlib.asynccontextmanager
+async def _decoded_first_step() -> AsyncIterator[tuple[AsyncEnvPool, TensorDictBase]]:
+    """A process pool with on_error="observe" whose env 0 was sent one streamed step
+    (action [True, False]) through its row, its result back (decoded: not held in the
+    rows) and not received; with the pool's planned inputs (its reset, without the
+    "truncated" that "observe" adds and the rows do not plan)."""
     fns = [partial(WalkEnv, i, limit=100) for i in range(4)]
     options = {"num_workers": 2}
     async with AsyncEnvPool(
         fns, backend="process", backend_options=options, on_error="observe"
     ) as pool:
-        td = await pool.reset()
-        # (the planned input entries exactly, so that the first send fills env 0's row:
-        # "observe" adds a "truncated" the rows do not plan)
-        first, second = (
-            td[0:1].exclude("env_index", "truncated").clone().update({"action": a})
-            for a in (torch.tensor([[True, False]]), torch.tensor([[False, True]]))
-        )
+        inputs = (await pool.reset()).exclude("env_index", "truncated")
+        first = inputs[0:1].clone().update({"action": torch.tensor([[True, False]])})
         pool.async_step_send(first, env_index=[0])
         assert pool._rows_for("step").pending[0]  # type: ignore[union-attr]
         while len(pool._ready["step"]) < 1:
             await asyncio.sleep(0.001)
+        yield pool, inputs
+
+
+async def test_a_decoded_results_input_row_is_not_written_before_it_is_received() -> None:
+    # with on_error="observe" a streamed result comes back decoded, not held in the rows,
+    # and its input is read from env 0's row when it is received: a second send to env 0
+    # before that goes in an input of its own, leaving the row as the first send left it
+    async with _decoded_first_step() as (pool, inputs):
+        second = inputs[0:1].clone().update({"action": torch.tensor([[False, True]])})
         pool.async_step_send(second, env_index=[0])  # (the first not received yet)
         while len(pool._ready["step"]) < 2:
             await asyncio.sleep(0.001)
@@ -346,17 +354,8 @@ async def test_a_decoded_results_input_row_is_not_written_before_it_is_received(
 async def test_a_whole_batch_step_leaves_a_decoded_results_input_row_alone() -> None:
     # as above, with a whole-batch step before the receive: its stacked input would fill
     # every env's row, env 0's too, so it goes per env (env 0's input pickled)
-    fns = [partial(WalkEnv, i, limit=100) for i in range(4)]
-    options = {"num_workers": 2}
-    async with AsyncEnvPool(
-        fns, backend="process", backend_options=options, on_error="observe"
-    ) as pool:
-        td = await pool.reset()
-        inputs = td.exclude("env_index", "truncated").clone()
-        first = inputs[0:1].clone().update({"action": torch.tensor([[True, False]])})
-        pool.async_step_send(first, env_index=[0])
-        while len(pool._ready["step"]) < 1:
-            await asyncio.sleep(0.001)
+    async with _decoded_first_step() as (pool, inputs):
+        inputs = inputs.clone()
         inputs["action"] = torch.tensor([[False, True]] * 4)
         whole = await pool.step(inputs)
         assert whole["next", "observation"][:, 0].tolist() == [0.0, 1.0, 1.0, 1.0]
