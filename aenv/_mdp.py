@@ -26,6 +26,7 @@ from aenv._mdp_tree import (
     fast_stack,
     fast_step_mdp,
     merge_non_tensor,
+    non_tensor,
 )
 from aenv.exceptions import SpecError
 
@@ -45,6 +46,7 @@ __all__ = [
     "pad_mask",
     "prefix_of",
     "put",
+    "put_text",
     "reduce_mask",
     "reset_keys_from_done_keys",
     "step_mdp",
@@ -139,6 +141,18 @@ def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> N
             td._tensordict[key] = value
             return
     td.set(key, value)
+
+
+def put_text(td: TensorDictBase, key: str, value: str | bytes | int | float | bool) -> None:
+    """``td.set_non_tensor(key, value)`` for plain text or a number (a per-step helper: a
+    step's error entries under ``on_error="observe"``). On a :func:`writable` TensorDict
+    with no device, the entry dict gets the :class:`~tensordict.NonTensorData`
+    ``set_non_tensor`` would make, at about a quarter of its cost; anything else goes
+    through ``set_non_tensor``."""
+    if td.device is None and writable(td):
+        td._tensordict[key] = non_tensor(value, td.batch_size)
+    else:
+        td.set_non_tensor(key, value)
 
 
 def set_next(td: TensorDictBase, nxt: TensorDictBase) -> TensorDictBase:

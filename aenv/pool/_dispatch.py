@@ -18,7 +18,9 @@ from operator import itemgetter
 from typing import Any
 
 import anyio
+from tensordict import TensorDictBase
 
+from aenv._mdp import put_text
 from aenv.exceptions import (
     EnvBusyError,
     EnvCancelledError,
@@ -62,7 +64,7 @@ def write_error(nxt: Any, err: BaseException | None) -> Any:
     """Write :data:`ERROR_KEYS` for ``err`` (or empty ones) into a step's ``"next"``."""
     values = ("", "", "") if err is None else error_fields(err)
     for key, value in zip(ERROR_KEYS, values):
-        nxt.set_non_tensor(key, value)
+        put_text(nxt, key, value)
     return nxt
 
 
@@ -446,8 +448,13 @@ class _Dispatcher:
         return frozenset(failed)
 
     def _observed(self, outcome: Any) -> Any:
-        """A step that went well, under ``on_error="observe"``: empty error entries."""
-        write_error(outcome[0] if isinstance(outcome, tuple) else outcome, None)
+        """A step that went well, under ``on_error="observe"``: empty error entries (an
+        outcome still held in the backend's rows gets them as it comes out of the rows,
+        see :mod:`aenv.pool._process_stream`)."""
+        if type(outcome) is tuple:
+            write_error(outcome[0], None)
+        elif isinstance(outcome, TensorDictBase):
+            write_error(outcome, None)
         return outcome
 
     def _wake(self, op: str, i: int | None) -> None:

@@ -315,8 +315,8 @@ class ProcessBackend(ClosingMixin, Backend):
         self._stacked: list[StackedBlocks] | None = None
         self._copiers: list[Callable[[], TensorDictBase] | None] = []
         #: the streamed steps' shared rows (see :meth:`shared_stream_rows`), and per env
-        #: whether its operation in flight reads its input from them (1: its result is
-        #: held there too, 2: decoded)
+        #: whether its operation in flight reads its input from them (its result is then
+        #: held there too, when it fits)
         self._srows: SharedRows | None = None
         self._row_op: bytearray = bytearray()
         # env -> cancels sent for it whose "cx" acknowledgement has not come back: until
@@ -663,7 +663,7 @@ class ProcessBackend(ClosingMixin, Backend):
             row_op = self._row_op[i]
             if row_op:
                 self._row_op[i] = 0
-                if row_op == 1 and code == SLOT and self._srows is not None:
+                if code == SLOT and self._srows is not None:
                     # the result stays in the rows until it is received
                     self._complete(i, self._srows.hold(i, inflight[1], bool(data)))
                     return
@@ -792,7 +792,7 @@ class ProcessBackend(ClosingMixin, Backend):
                 srows.evict(env_index)  # (its rows are about to be written)
             if op in _SLOT_OPS and srows.row_of(env_index, payload):
                 # a streamed send's input, in the env's shared row already
-                row_op = 1 if srows.results else 2
+                row_op = 1
         self._row_op[env_index] = row_op
         data = None if row_op else self._encode(env_index, op, payload)
         seq = next(self._seq)
@@ -838,15 +838,16 @@ class ProcessBackend(ClosingMixin, Backend):
             return None
         return codec.dumps(payload)
 
-    def shared_stream_rows(self, sub_batch: torch.Size, results: bool) -> SharedRows | None:
+    def shared_stream_rows(self, sub_batch: torch.Size, observe: bool) -> SharedRows | None:
         """The input rows of streamed steps over the shared rows the whole-batch steps use
         (:mod:`aenv.pool._process_stream`), where one view per leaf holds the whole pool;
-        ``results``: their results are held in the rows until received."""
+        their results are held in the rows until received (``observe``: they get the
+        pool's empty error entries as they come out)."""
         stacked = self._stacked
         if self._srows is None and stacked is not None:
             rows = {kind: stacked[0].rows(kind) for kind in ("in", "next", "reset")}
             if all(td is not None for td in rows.values()):
-                srows = SharedRows(rows, sub_batch, self._fences, results)  # type: ignore[arg-type]
+                srows = SharedRows(rows, sub_batch, self._fences, observe)  # type: ignore[arg-type]
                 if srows.ok:
                     self._srows = srows
         return self._srows

@@ -109,7 +109,7 @@ class StreamMixin(_Dispatcher):
             elif self.max_concurrency is None:
                 # the process backend's shared rows (aenv.pool._process_stream)
                 rows = self._backend.shared_stream_rows(
-                    self._sub_batch, results=self.on_error != "observe"
+                    self._sub_batch, observe=self.on_error == "observe"
                 )
             # (None when the inputs cannot be planned: every send splits its batch)
             self.__dict__["_stream_rows"] = rows if rows is not None and rows.ok else None

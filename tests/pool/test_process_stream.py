@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from aenv import EnvBase
-from aenv.pool import AsyncEnvPool
+from aenv.pool import ERROR_KEYS, AsyncEnvPool
 from aenv.pool._process_stream import Held, SharedRows
 from aenv.specs import Bounded, Composite, OneHot, Unbounded
 from aenv.testing import CountingEnv
@@ -33,14 +33,28 @@ class WalkEnv(EnvBase):
     """A walk driven by its one-hot action, done after ``limit`` steps (its observation
     says where it is and which env it is). ``touch``: the step writes into its input (the
     observation it was given, in place), as a bare env may. ``keep``: the env keeps its
-    input and, on its next step, writes into that one (not into its own)."""
+    input and, on its next step, writes into that one (not into its own). ``extra``: its
+    results carry an entry no spec names, so they cannot come back in the rows (a
+    process worker pickles them). ``truncated``: its done spec has a ``"truncated"``
+    entry (the pool's ``on_error="observe"`` adds one where an env has none)."""
 
-    def __init__(self, env: int, limit: int = 3, touch: bool = False, keep: bool = False) -> None:
+    def __init__(
+        self,
+        env: int,
+        limit: int = 3,
+        touch: bool = False,
+        keep: bool = False,
+        extra: bool = False,
+        truncated: bool = False,
+    ) -> None:
         super().__init__()
         self.observation_spec = Composite(observation=Unbounded((2,)))
         self.action_spec = OneHot(2)
         self.reward_spec = Unbounded((1,))
         self.env, self.limit, self.touch, self.keep = env, limit, touch, keep
+        self.extra = extra
+        if truncated:
+            self.add_truncated_keys()
         self.pos, self.t = 0.0, 0
         self.kept: TensorDictBase | None = None
 
@@ -58,7 +72,7 @@ class WalkEnv(EnvBase):
             td["observation"].add_(1000.0)
         if self.keep:
             self.kept = td
-        return TensorDict(
+        out = TensorDict(
             {
                 "observation": torch.tensor([self.pos, float(self.env)]),
                 "reward": torch.tensor([move]),
@@ -66,14 +80,18 @@ class WalkEnv(EnvBase):
             },
             [],
         )
+        if self.extra:
+            out["note"] = torch.tensor([float(self.t)])
+        return out
 
 
-def _pool(backend: str, n: int = 6, **kw: Any) -> AsyncEnvPool:
+def _pool(backend: str, n: int = 6, on_error: str = "raise", **kw: Any) -> AsyncEnvPool:
     options = {"num_workers": 2} if backend == "process" else {}
     return AsyncEnvPool(
         [partial(WalkEnv, i, limit=2 + i % 3, **kw) for i in range(n)],
         backend=backend,
         backend_options=options,
+        on_error=on_error,
     )
 
 
@@ -169,6 +187,24 @@ async def test_streamed_steps_on_processes_give_what_coroutines_give(touch):
     _same(procs, coros)
     if touch:  # (the env's write into its input is in what comes back)
         assert any(bool((out["observation"][:, 0] >= 1000).any()) for out, _ in procs)
+
+
+async def test_streamed_steps_under_observe_are_held_in_the_rows_too():
+    # on_error="observe" keeps the results in the rows (_script checks they are held)
+    # and writes each one's empty error entries as it comes out of them: the same data
+    # as on coroutines, error entries included, none in the next inputs
+    procs = await _script("process", on_error="observe", truncated=True)
+    coros = await _script("coroutine", on_error="observe", truncated=True)
+    for (out_p, nxt_p), (out_c, nxt_c) in zip(procs, coros):
+        # (per env: a receive from the rows holds one empty string for its batch, as a
+        # whole-batch step does, where the per-env path stacks one per env)
+        for key in ERROR_KEYS:
+            empty = [""] * out_p.batch_size[0]
+            assert [o["next", key] for o in out_p.unbind(0)] == empty
+            assert [o["next", key] for o in out_c.unbind(0)] == empty
+            assert key not in nxt_p.keys() and key not in nxt_c.keys()
+    strip = [(out.exclude(*(("next", k) for k in ERROR_KEYS)), nxt) for out, nxt in procs]
+    _same(strip, [(out.exclude(*(("next", k) for k in ERROR_KEYS)), nxt) for out, nxt in coros])
 
 
 async def test_an_env_that_keeps_its_input_leaves_received_inputs_alone():
@@ -319,28 +355,25 @@ async def test_a_masked_step_leaves_a_streamed_steps_input_alone(
 
 @contextlib.asynccontextmanager
 async def _decoded_first_step() -> AsyncIterator[tuple[AsyncEnvPool, TensorDictBase]]:
-    """A process pool with on_error="observe" whose env 0 was sent one streamed step
-    (action [True, False]) through its row, its result back (decoded: not held in the
-    rows) and not received; with the pool's planned inputs (its reset, without the
-    "truncated" that "observe" adds and the rows do not plan)."""
-    fns = [partial(WalkEnv, i, limit=100) for i in range(4)]
-    options = {"num_workers": 2}
-    async with AsyncEnvPool(
-        fns, backend="process", backend_options=options, on_error="observe"
-    ) as pool:
-        inputs = (await pool.reset()).exclude("env_index", "truncated")
+    """A process pool whose env 0 was sent one streamed step (action [True, False])
+    through its row, its result back (decoded: its extra entry does not fit the rows) and
+    not received; with the pool's inputs (its reset)."""
+    fns = [partial(WalkEnv, i, limit=100, extra=True) for i in range(4)]
+    async with AsyncEnvPool(fns, backend="process", backend_options={"num_workers": 2}) as pool:
+        inputs = (await pool.reset()).exclude("env_index")
         first = inputs[0:1].clone().update({"action": torch.tensor([[True, False]])})
         pool.async_step_send(first, env_index=[0])
         assert pool._rows_for("step").pending[0]  # type: ignore[union-attr]
         while len(pool._ready["step"]) < 1:
             await asyncio.sleep(0.001)
+        assert pool._backend._srows.held[0] is None  # type: ignore[attr-defined]  # (decoded)
         yield pool, inputs
 
 
 async def test_a_decoded_results_input_row_is_not_written_before_it_is_received() -> None:
-    # with on_error="observe" a streamed result comes back decoded, not held in the rows,
-    # and its input is read from env 0's row when it is received: a second send to env 0
-    # before that goes in an input of its own, leaving the row as the first send left it
+    # a streamed result that comes back decoded (not held in the rows) has its input read
+    # from env 0's row when it is received: a second send to env 0 before that goes in an
+    # input of its own, leaving the row as the first send left it
     async with _decoded_first_step() as (pool, inputs):
         second = inputs[0:1].clone().update({"action": torch.tensor([[False, True]])})
         pool.async_step_send(second, env_index=[0])  # (the first not received yet)
