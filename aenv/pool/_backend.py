@@ -361,13 +361,11 @@ class Backend(abc.ABC):
         None: not planned."""
         return None
 
-    def shared_stream_rows(self, sub_batch: torch.Size, observe: bool) -> Any:
+    def shared_stream_rows(self, sub_batch: torch.Size) -> Any:
         """The rows streamed steps go through where the envs live elsewhere and read
         rows shared with this process (the process backend's, see
         :mod:`aenv.pool._process_stream`): a streamed send's inputs are staged there and
-        its results held there until received (``observe``: the pool's
-        ``on_error="observe"``, whose empty error entries a result gets as it comes out
-        of the rows); None by default."""
+        its results held there until received; None by default."""
         return None
 
     def launch(

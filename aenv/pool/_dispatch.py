@@ -18,7 +18,6 @@ from operator import itemgetter
 from typing import Any
 
 import anyio
-from tensordict import TensorDictBase
 
 from aenv._mdp import put_text
 from aenv.exceptions import (
@@ -392,7 +391,13 @@ class _Dispatcher:
             outcome = Failure(err, outcome.traceback)
         elif t.restarting:
             outcome = self._restart_result(i, t, outcome)
-        elif self.on_error == "observe" and t.op in _RESTARTABLE:
+        elif (
+            self.on_error == "observe"
+            and t.op in _RESTARTABLE
+            and (t.future is not None or t.batch is not None)
+        ):
+            # (a streamed result gets its empty error entries when it is received, once
+            # for the receive's batch: AsyncEnvPool._stack_stream)
             outcome = self._observed(outcome)
         self._release(t)
         if t.future is not None:
@@ -448,13 +453,8 @@ class _Dispatcher:
         return frozenset(failed)
 
     def _observed(self, outcome: Any) -> Any:
-        """A step that went well, under ``on_error="observe"``: empty error entries (an
-        outcome still held in the backend's rows gets them as it comes out of the rows,
-        see :mod:`aenv.pool._process_stream`)."""
-        if type(outcome) is tuple:
-            write_error(outcome[0], None)
-        elif isinstance(outcome, TensorDictBase):
-            write_error(outcome, None)
+        """A step that went well, under ``on_error="observe"``: empty error entries."""
+        write_error(outcome[0] if isinstance(outcome, tuple) else outcome, None)
         return outcome
 
     def _wake(self, op: str, i: int | None) -> None:

@@ -838,16 +838,15 @@ class ProcessBackend(ClosingMixin, Backend):
             return None
         return codec.dumps(payload)
 
-    def shared_stream_rows(self, sub_batch: torch.Size, observe: bool) -> SharedRows | None:
+    def shared_stream_rows(self, sub_batch: torch.Size) -> SharedRows | None:
         """The input rows of streamed steps over the shared rows the whole-batch steps use
         (:mod:`aenv.pool._process_stream`), where one view per leaf holds the whole pool;
-        their results are held in the rows until received (``observe``: they get the
-        pool's empty error entries as they come out)."""
+        their results are held in the rows until received."""
         stacked = self._stacked
         if self._srows is None and stacked is not None:
             rows = {kind: stacked[0].rows(kind) for kind in ("in", "next", "reset")}
             if all(td is not None for td in rows.values()):
-                srows = SharedRows(rows, sub_batch, self._fences, observe)  # type: ignore[arg-type]
+                srows = SharedRows(rows, sub_batch, self._fences)  # type: ignore[arg-type]
                 if srows.ok:
                     self._srows = srows
         return self._srows

@@ -27,7 +27,6 @@ import torch
 from tensordict import TensorDictBase
 
 from aenv.pool._backend import Stacked
-from aenv.pool._dispatch import write_error
 from aenv.pool._stream_rows import StreamRows, host_views, take_rows
 
 if TYPE_CHECKING:
@@ -71,9 +70,6 @@ class SharedRows(StreamRows):
         sub_batch: an env's batch size.
         fences: the backend's envs whose rows must not be written (a cancelled operation
             may still read them).
-        observe: the pool's ``on_error="observe"``: a result gets the pool's empty error
-            entries as it comes out of the rows (a step that failed does not come back
-            in the rows).
     """
 
     shared = True
@@ -83,7 +79,6 @@ class SharedRows(StreamRows):
         rows: dict[str, TensorDictBase],
         sub_batch: torch.Size,
         fences: dict[int, int],
-        observe: bool = False,
     ) -> None:
         n = rows["in"].batch_size[0]
         super().__init__(None, n, sub_batch, planned=rows["in"])
@@ -95,7 +90,6 @@ class SharedRows(StreamRows):
         self._next_bufs, self._reset_bufs = next_bufs, reset_bufs
         self._np_next, self._np_reset = host_views(self._next_bufs), host_views(self._reset_bufs)
         self.fences = fences
-        self.observe = observe
         #: env -> its result held in the rows, not received yet; how many are
         self.held: list[Held | None] = [None] * n
         self.count = 0
@@ -121,8 +115,6 @@ class SharedRows(StreamRows):
         self.count -= 1
         row = self._row(i)
         nxt = self.next_rows[i].clone()
-        if self.observe:
-            write_error(nxt, None)
         rst = self.reset_rows[i].clone() if held.reset else None
         held.owned = (row.clone(), nxt, rst)
         self.pending[i] = 0
@@ -178,8 +170,6 @@ class SharedRows(StreamRows):
         self.count -= len(outcomes)
         stepped = self.gather(arr, {})
         nxt = take_rows(self._np_next, self._next_bufs, arr, self.sub_batch, self.device)
-        if self.observe:
-            write_error(nxt, None)  # (once for the whole receive)
         if op == "step":
             stepped.set("next", nxt)
             stepped.set("env_index", idx)

@@ -19,7 +19,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from aenv._mdp import set_next
 from aenv.exceptions import BatchSizeError, EnvClosedError
 from aenv.pool._backend import Failure
-from aenv.pool._dispatch import STREAM_OPS, _Dispatcher, _Ticket
+from aenv.pool._dispatch import ERROR_KEYS, STREAM_OPS, _Dispatcher, _Ticket, write_error
 from aenv.pool._stacking import stack_results, unbind0
 from aenv.pool._stream_rows import StreamRows
 from aenv.pool._sub_checks import check_sub_inputs
@@ -108,9 +108,7 @@ class StreamMixin(_Dispatcher):
                 rows = StreamRows(envs[0], len(envs), self._sub_batch)
             elif self.max_concurrency is None:
                 # the process backend's shared rows (aenv.pool._process_stream)
-                rows = self._backend.shared_stream_rows(
-                    self._sub_batch, observe=self.on_error == "observe"
-                )
+                rows = self._backend.shared_stream_rows(self._sub_batch)
             # (None when the inputs cannot be planned: every send splits its batch)
             self.__dict__["_stream_rows"] = rows if rows is not None and rows.ok else None
         rows = self.__dict__["_stream_rows"]
@@ -342,6 +340,16 @@ class StreamMixin(_Dispatcher):
         return nxt_input
 
     def _stack_stream(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
+        out = self._stack_received(op, items)
+        if self.on_error == "observe" and op != "reset":
+            # (the results that went well came without error entries: written once for
+            # the receive's batch)
+            nxt = (out if op == "step" else out[0]).get("next")
+            if ERROR_KEYS[0] not in nxt.keys():
+                write_error(nxt, None)
+        return out
+
+    def _stack_received(self, op: str, items: list[tuple[int, Any, _Ticket]]) -> Any:
         # the columns of the items, transposed in C
         envs, outcomes, tickets = zip(*items)
         arr = np.array(envs, dtype=np.int64)
@@ -360,6 +368,14 @@ class StreamMixin(_Dispatcher):
                 return stacked
             items = rows.owned_items(items)  # type: ignore[attr-defined]
             outcomes = tuple(item[1] for item in items)
+        if self.on_error == "observe":
+            # some came back restarted, with their error's entries: the others get their
+            # empty ones first, one by one (a stack takes the same keys from each)
+            nexts = [o if op == "step" else o[0] for o in outcomes]
+            lacking = [n for n in nexts if ERROR_KEYS[0] not in n.keys()]
+            if len(lacking) < len(nexts):
+                for n in lacking:
+                    write_error(n, None)
         if op == "step" and not self._lazy:
             sents = list(map(_payload, tickets))
             if rows is not None and rows.release(envs, sents):

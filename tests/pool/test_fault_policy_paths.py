@@ -162,3 +162,25 @@ def _same_but_tracebacks(a: TensorDictBase, b: TensorDictBase) -> bool:
             if "error_traceback" in key:
                 rec[key] = [[v.splitlines()[0] if v else v for v in row] for row in rec[key]]
     return pa == pb
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "thread", "process"])
+async def test_streamed_steps_under_observe_carry_each_envs_error_entries(backend):
+    # a receive whose results all went well gets its empty error entries once for its
+    # batch; one holding a restarted env's step (with its error's entries) gives the
+    # others theirs one by one: either way each env's step carries its own
+    kw: dict[str, Any] = {"num_workers": 2} if backend == "process" else {}
+    kinds = []
+    async with AsyncEnvPool(_fns(), backend=backend, on_error="observe", **kw) as pool:
+        td, envs = await pool.reset(), list(range(N))
+        for _ in range(STEPS):
+            pool.async_step_and_maybe_reset_send(pool.rand_action(td), env_index=envs)
+            out, td = await pool.async_step_and_maybe_reset_recv(min_get=N)
+            envs = td["env_index"]
+            got = {int(step["env_index"]): step["next", "error_type"] for step in out.unbind(0)}
+            kinds.append([got[i] for i in range(N)])
+            # (a step's error entries are no step's input)
+            assert not any(key in td.keys() for key in ERROR_KEYS)
+    assert kinds[0] == ["", "", ""]
+    assert kinds[2] == ["", "RuntimeError", ""]  # env 1's third step
+    assert any(k == ["", "", "ValueError"] for k in kinds)
