@@ -43,33 +43,47 @@ _PLAIN = frozenset({str, bytes, int, float, bool, tuple, list, dict, type(None)}
 _SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
 #: what a NonTensorData holds besides its data (as tensordict's constructor leaves it)
 _FIELDS = ("_tensordict", "_non_tensordict", "_is_initialized")
+#: what the empty TensorDict inside a NonTensorData holds (as the constructor leaves it)
+_INNER = ("_device", "_tensordict", "_batch_size", "_td_dim_names")
 
 
 def _assemble(value: Any, batch_size: torch.Size) -> NonTensorData:
+    # the empty TensorDict inside, laid out too: TensorDict._new_unsafe took more than half
+    # of a call (its compile checks and keyword handling), and text envs make several a step
+    inner = object.__new__(TensorDict)
+    own = inner.__dict__
+    own["_device"] = None
+    own["_tensordict"] = {}
+    own["_batch_size"] = batch_size
+    own["_td_dim_names"] = None
     obj = object.__new__(NonTensorData)
     fields = obj.__dict__
-    fields["_tensordict"] = TensorDict._new_unsafe({}, batch_size, None, nested=False)
+    fields["_tensordict"] = inner
     fields["_non_tensordict"] = {"data": value, "_metadata": None, "_is_non_tensor": True}
     fields["_is_initialized"] = True
     return obj
 
 
 def _assembles() -> bool:
-    """Whether :func:`_assemble` lays a NonTensorData out exactly as tensordict's
-    constructor does (checked once: another tensordict version gets the constructor)."""
+    """Whether :func:`_assemble` lays a NonTensorData (and the empty TensorDict inside it)
+    out exactly as tensordict's constructor does (checked once: another tensordict version
+    gets the constructor)."""
     try:
         made, ref = _assemble("probe", torch.Size([2])), NonTensorData("probe", batch_size=[2])
         got, want = vars(made), vars(ref)
-        inner = want["_tensordict"]
+        inner, made_inner = want["_tensordict"], got["_tensordict"]
         return (
             tuple(want) == _FIELDS
             and tuple(got) == _FIELDS
             and want["_non_tensordict"] == got["_non_tensordict"]
             and type(inner) is TensorDict
-            and inner.batch_size == got["_tensordict"].batch_size
-            and inner.device is None
-            and not inner.keys()
-            and not inner.is_locked
+            and tuple(vars(inner)) == _INNER
+            and vars(inner) == vars(made_inner)
+            and type(vars(inner)["_tensordict"]) is dict
+            and made_inner.batch_size == inner.batch_size
+            and made_inner.device is None
+            and not made_inner.keys()
+            and not made_inner.is_locked
             and made.data == "probe"
             and made.batch_size == ref.batch_size
         )

@@ -30,8 +30,31 @@ def test_matches_the_constructor(value, batch):
     assert made.batch_size == ref.batch_size == torch.Size(batch)
     assert made.device is None and made.data == ref.data == value
     assert made.tolist() == ref.tolist()
-    # its TensorDict is its own (not shared between instances)
+    # its TensorDict is its own (not shared between instances), laid out field for field
+    # as the constructor's
     assert non_tensor(value, batch)._tensordict is not made._tensordict
+    assert type(made._tensordict) is TensorDict
+    assert vars(made._tensordict) == vars(ref._tensordict)
+
+
+def test_a_tensordict_laid_out_otherwise_gets_the_constructor(monkeypatch):
+    # a tensordict whose TensorDicts carry a field more than non_tensor writes: the check
+    # made at import refuses the assembly, and non_tensor's instances are the constructor's
+    import aenv._mdp_tree as tree
+
+    made = TensorDict._new_unsafe.__func__
+
+    def with_a_field_more(cls, *args, **kwargs):
+        td = made(cls, *args, **kwargs)
+        td.__dict__["_field_more"] = True
+        return td
+
+    monkeypatch.setattr(TensorDict, "_new_unsafe", classmethod(with_a_field_more))
+    monkeypatch.setattr(tree, "_ASSEMBLES", tree._assembles())
+    assert not tree._ASSEMBLES
+    inner = tree.non_tensor("text")._tensordict
+    assert vars(inner) == vars(NonTensorData("text")._tensordict)
+    assert inner.__dict__["_field_more"] is True
 
 
 def test_goes_wherever_a_non_tensor_data_goes():
