@@ -127,9 +127,11 @@ class StreamRows:
             # to a send that fits. The free rows it wrote to are read by no one.
             return None
         made = self._rows
+        missing = [i for i in envs if made[i] is None]
+        if missing:
+            self._make_rows(missing)
         for pos, i in zip(free, envs):
-            row = made[i]
-            out[pos] = row if row is not None else self._row(i)
+            out[pos] = made[i]
         return out
 
     def _free(self, indices: Sequence[int]) -> list[int]:
@@ -149,6 +151,26 @@ class StreamRows:
         )
         self._rows[i], self._views[i] = row, views
         return row
+
+    def _make_rows(self, envs: list[int]) -> None:
+        """Make the rows of ``envs`` (none made yet): their views taken from each buffer at
+        once (``unbind``, one call for every row) when they are at least half of the rows,
+        else one index each. A pool's first send goes to all its envs: an index made a view
+        at ~3 us (torch's indexing), ``unbind`` at ~1, and at 16,384 envs of six entries
+        that was half a second of the first send."""
+        bufs = self.bufs
+        if 2 * len(envs) < len(self._rows):
+            for i in envs:
+                self._row(i)
+            return
+        cols = [buf.unbind(0) for buf in bufs.values()]
+        keys = list(bufs)
+        made, views = self._rows, self._views
+        sub_batch, device, new = self.sub_batch, self.device, TensorDict._new_unsafe
+        for i in envs:
+            own = tuple(col[i] for col in cols)
+            made[i] = new(dict(zip(keys, own)), batch_size=sub_batch, device=device, nested=False)
+            views[i] = own
 
     def release(self, indices: Sequence[int], payloads: Sequence[Any]) -> bool:
         """The results of env ``indices[k]``'s input ``payloads[k]`` were received: the
