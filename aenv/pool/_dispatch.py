@@ -176,6 +176,12 @@ class _Ready:
             self._file(item[0], cell, False)
         return self._by_env
 
+    def waiting(self) -> list[tuple[int, Any, _Ticket]]:
+        """The waiting items, oldest first, left waiting (to look at them)."""
+        if self._by_env is None:
+            return list(self._cells)
+        return [cell[0] for cell in self._cells if cell[0] is not None]
+
     def _emptied(self) -> None:
         """Nothing waits any more: what is still queued is holes, and the index goes."""
         self._cells.clear()

@@ -47,6 +47,7 @@ def test_ready_queue_matches_a_scanned_list(seed: int) -> None:
                 model[:0] = back
         assert len(ready) == len(model)
         assert bool(ready) == bool(model)
+        assert ready.waiting() == model
     while model:
         assert ready.pop_oldest(1) == [model.pop(0)]
     assert not ready
