@@ -17,6 +17,7 @@ input, as it may into a bare env's); otherwise that env gets an input of its own
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from operator import is_
 from typing import Any
 
@@ -114,9 +115,10 @@ class StreamRows:
             for view, key in zip(self._views[i], bufs):  # type: ignore[arg-type]
                 view.copy_(entries[key])
             return out
-        envs = [indices[pos] for pos in free]
+        every = len(free) == len(indices)
+        envs = list(indices) if every else [indices[pos] for pos in free]
         rows = index_tensor(envs)
-        src = None if len(free) == len(indices) else index_tensor(free)
+        src = None if every else index_tensor(free)
         try:
             for key, dst in bufs.items():
                 value = entries[key]
@@ -127,16 +129,21 @@ class StreamRows:
             # to a send that fits. The free rows it wrote to are read by no one.
             return None
         made = self._rows
-        missing = [i for i in envs if made[i] is None]
-        if missing:
-            self._make_rows(missing)
-        for pos, i in zip(free, envs):
-            out[pos] = made[i]
+        got = list(map(made.__getitem__, envs))
+        if any(map(is_, got, repeat(None))):
+            self._make_rows([i for i, row in zip(envs, got) if row is None])
+            got = list(map(made.__getitem__, envs))
+        if every:
+            return got
+        for pos, row in zip(free, got):
+            out[pos] = row
         return out
 
     def _free(self, indices: Sequence[int]) -> list[int]:
         """The positions of ``indices`` whose rows may be written now."""
         pending = self.pending
+        if not any(map(pending.__getitem__, indices)):  # (the usual send: checked in C)
+            return list(range(len(indices)))
         return [pos for pos, i in enumerate(indices) if not pending[i]]
 
     def _row(self, i: int) -> TensorDictBase:
