@@ -126,20 +126,26 @@ class _Ready:
     """One op's results that came back and were not received yet: in arrival order, and
     found by env, so a receive for one env (``env_index=``) takes its own without a scan.
 
-    Items are ``(env index, outcome, ticket)``. Each sits in a cell held by both the
-    arrival queue and its env's entry; one taken by env is emptied in place (a hole) and
-    skipped when the arrival queue reaches it, so every operation costs O(1) (amortised).
-    An env's entry is its one cell, or a deque of them while it has several waiting (it
-    was sent again before its last result was received): no deque made per result. While
-    there is neither a hole nor an env with several, the oldest are taken in C (a receive
-    at a pool of thousands takes thousands at once).
+    Items are ``(env index, outcome, ticket)``. Until a receive asks for one env, the queue
+    holds the items themselves, in arrival order: a result costs an append, and a receive
+    takes the oldest in C (a receive at a pool of thousands takes thousands at once). The
+    first receive by env indexes what is waiting (once: an item is indexed at most once
+    while it waits), and from then until the queue is empty again each item sits in a cell
+    held by both the arrival queue and its env's entry; one taken by env is emptied in
+    place (a hole) and skipped when the arrival queue reaches it, so every operation costs
+    O(1) (amortised). An env's entry is its one cell, or a deque of them while it has
+    several waiting (it was sent again before its last result was received): no deque made
+    per result. While there is neither a hole nor an env with several, the oldest are taken
+    in C there too.
     """
 
     __slots__ = ("_by_env", "_cells", "_count", "_holes", "_several")
 
     def __init__(self) -> None:
-        self._cells: deque[list[Any]] = deque()
-        self._by_env: dict[int, list[Any] | deque[list[Any]]] = {}
+        # the items (not indexed) or their cells (indexed), in arrival order
+        self._cells: deque[Any] = deque()
+        # the cells by env; None while not indexed
+        self._by_env: dict[int, list[Any] | deque[list[Any]]] | None = None
         self._count = 0
         # cells emptied in place and still queued; env entries that are deques
         self._holes = 0
@@ -149,17 +155,43 @@ class _Ready:
         return self._count
 
     def append(self, item: tuple[int, Any, _Ticket]) -> None:
+        self._count += 1
+        by_env = self._by_env
+        if by_env is None:  # (the usual case: nobody receives by env)
+            self._cells.append(item)
+            return
         cell = [item]
         self._cells.append(cell)
-        by_env, env = self._by_env, item[0]
+        env = item[0]
         if env in by_env:
             self._file(env, cell, False)
-        else:  # (the usual case: the env's one waiting result)
+        else:  # (the env's one waiting result)
             by_env[env] = cell
-        self._count += 1
+
+    def _index(self) -> dict[int, list[Any] | deque[list[Any]]]:
+        """Index the waiting items by env (a receive by env asks for one)."""
+        items, self._cells, self._by_env = self._cells, deque(), {}
+        for item in items:
+            cell = [item]
+            self._cells.append(cell)
+            self._file(item[0], cell, False)
+        return self._by_env
+
+    def waiting(self) -> list[tuple[int, Any, _Ticket]]:
+        """The waiting items, oldest first, left waiting (to look at them)."""
+        if self._by_env is None:
+            return list(self._cells)
+        return [cell[0] for cell in self._cells if cell[0] is not None]
+
+    def _emptied(self) -> None:
+        """Nothing waits any more: what is still queued is holes, and the index goes."""
+        self._cells.clear()
+        self._by_env = None
+        self._holes = self._several = 0
 
     def _file(self, env: int, cell: list[Any], first: bool) -> None:
         by_env = self._by_env
+        assert by_env is not None
         held = by_env.get(env)
         if held is None:
             by_env[env] = cell
@@ -173,15 +205,26 @@ class _Ready:
 
     def has(self, env: int) -> bool:
         """Whether a result of env ``env`` is waiting."""
-        return env in self._by_env
+        if not self._count:
+            return False
+        by_env = self._by_env
+        if by_env is None:
+            by_env = self._index()
+        return env in by_env
 
     def take(self, env: int) -> tuple[int, Any, _Ticket]:
         """The oldest waiting result of env ``env`` (see :meth:`has`)."""
+        if self._by_env is None:
+            self._index()
         self._holes += 1  # (its cell stays queued, empty)
-        return self._take(env)
+        item = self._take(env)
+        if not self._count:
+            self._emptied()
+        return item
 
     def _take(self, env: int) -> tuple[int, Any, _Ticket]:
         by_env = self._by_env
+        assert by_env is not None
         held = by_env[env]
         if type(held) is list:
             cell = held
@@ -199,6 +242,15 @@ class _Ready:
         """The ``k`` oldest waiting results, oldest first (at least ``k`` are waiting): one
         call for all of them, as a receive at a pool of thousands takes hundreds at once."""
         cells, by_env = self._cells, self._by_env
+        if by_env is None:
+            # the queue holds the items: taken in C
+            if k == len(cells):
+                out = list(cells)
+                cells.clear()
+            else:
+                out = [cells.popleft() for _ in range(k)]
+            self._count -= k
+            return out
         if not self._holes and not self._several:
             # every queued cell holds an item, the one of its env: taken in C
             if k == len(cells):
@@ -209,30 +261,35 @@ class _Ready:
             out = list(map(_first, taken))
             deque(map(by_env.__delitem__, map(_first, out)), 0)
             self._count -= k
-            return out
-        out = []
-        for _ in range(k):
-            cell = cells.popleft()
-            while cell[0] is None:  # (taken by env already)
-                self._holes -= 1
-                cell = cells.popleft()
-            item = cell[0]
-            if by_env[item[0]] is cell:  # (the usual case: the env's one waiting result)
-                del by_env[item[0]]
-                cell[0] = None
-                self._count -= 1
-                out.append(item)
-            else:  # (the oldest of the env's several: this one, same order)
-                out.append(self._take(item[0]))
+        else:
+            out = []
+            for _ in range(k):
+                cell: list[Any] = cells.popleft()
+                while cell[0] is None:  # (taken by env already)
+                    self._holes -= 1
+                    cell = cells.popleft()
+                item = cell[0]
+                if by_env[item[0]] is cell:  # (the usual case: the env's one waiting result)
+                    del by_env[item[0]]
+                    cell[0] = None
+                    self._count -= 1
+                    out.append(item)
+                else:  # (the oldest of the env's several: this one, same order)
+                    out.append(self._take(item[0]))
+        if not self._count:
+            self._emptied()
         return out
 
     def put_back(self, items: list[tuple[int, Any, _Ticket]]) -> None:
         """Return ``items`` (taken oldest first, in that order) to the front."""
+        self._count += len(items)
+        if self._by_env is None:
+            self._cells.extendleft(reversed(items))
+            return
         for item in reversed(items):
             cell = [item]
             self._cells.appendleft(cell)
             self._file(item[0], cell, True)
-            self._count += 1
 
 
 _first = itemgetter(0)

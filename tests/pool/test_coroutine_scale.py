@@ -294,3 +294,45 @@ async def test_a_sync_step_runs_inline_though_its_env_has_a_worker():
             assert sorted(out["env_index"].tolist()) == [0, 1]
     finally:
         await pool.aclose()
+
+
+async def test_a_send_to_most_envs_makes_their_rows_at_once(monkeypatch):
+    # a send to a few envs of the pool makes their rows one by one; one to at least half
+    # of them takes each buffer's views in one call: every row still a view of its own
+    # line of the buffers, read by its env, and kept for the next steps
+    from aenv.pool._stream_rows import StreamRows
+
+    one_by_one: list[int] = []
+    make_row = StreamRows._row
+
+    def counted(self: StreamRows, i: int) -> TensorDictBase:
+        one_by_one.append(i)
+        return make_row(self, i)
+
+    monkeypatch.setattr(StreamRows, "_row", counted)
+    pool = AsyncEnvPool([RecordingEnv for _ in range(6)])
+    try:
+        await pool.reset()
+        envs = pool._backend.envs
+        sent = _actions(6, 0.0)
+        pool.async_step_send(sent[torch.tensor([4])], env_index=[4])
+        await pool.async_step_recv(min_get=1)
+        assert one_by_one == [4]
+        rest = [5, 0, 3, 1, 2]
+        for base in (10.0, 20.0):
+            sent = _actions(6, base)
+            pool.async_step_send(sent[torch.tensor(rest)], env_index=rest)
+            out = await pool.async_step_recv(min_get=5)
+            for k, i in enumerate(out["env_index"].tolist()):
+                assert torch.equal(envs[i].seen[-1][1], sent["action"][i])
+                assert torch.equal(out["next", "observation"][k], sent["action"][i])
+        assert one_by_one == [4]  # (the five rows were made together, once)
+        rows = pool._stream_rows
+        assert rows is not None
+        for i in range(6):
+            row = rows._rows[i]
+            assert row is not None and all(env_td is row for env_td, _ in envs[i].seen)
+            for key, buf in rows.bufs.items():
+                assert row[key].data_ptr() == buf[i].data_ptr()
+    finally:
+        await pool.aclose()

@@ -140,7 +140,7 @@ async def _script(backend: str, **kw: Any) -> list[tuple[TensorDictBase, TensorD
             send([0], k, single=True)
             await _delivered(pool, 4)
             if backend == "process":
-                assert all(type(c[0][1]) is Held for c in pool._ready[OP]._cells if c[0])
+                assert all(type(item[1]) is Held for item in pool._ready[OP].waiting())
             await recv(env_index=3)
             # sent again before their last results are received (copied out of the rows)
             send([1, 0], k + 10)

@@ -47,6 +47,7 @@ def test_ready_queue_matches_a_scanned_list(seed: int) -> None:
                 model[:0] = back
         assert len(ready) == len(model)
         assert bool(ready) == bool(model)
+        assert ready.waiting() == model
     while model:
         assert ready.pop_oldest(1) == [model.pop(0)]
     assert not ready
@@ -64,3 +65,25 @@ def test_taking_by_env_leaves_the_others_in_arrival_order() -> None:
         _item(1, 4),
     ]
     assert not ready.has(1) and not ready.has(3)
+
+
+def test_the_index_by_env_is_made_on_demand_and_dropped_once_empty() -> None:
+    # results nobody receives by env are queued as they are; the first receive by env
+    # indexes what waits (an env with several among it too), and once the queue is empty
+    # the index goes
+    ready = _Ready()
+    for tag, env in enumerate([2, 5, 2, 7]):
+        ready.append(_item(env, tag))  # type: ignore[arg-type]
+    assert ready._by_env is None
+    assert ready.pop_oldest(1) == [_item(2, 0)]
+    assert ready.has(2) and ready._by_env is not None
+    ready.append(_item(5, 4))  # type: ignore[arg-type]
+    assert ready.take(5) == _item(5, 1)
+    assert ready.pop_oldest(3) == [_item(2, 2), _item(7, 3), _item(5, 4)]
+    assert not ready and ready._by_env is None and not ready.has(5)
+    ready.append(_item(1, 5))  # type: ignore[arg-type]
+    ready.put_back([_item(3, 6)])  # type: ignore[list-item]
+    assert ready._by_env is None
+    assert ready.take(1) == _item(1, 5)
+    assert ready.pop_oldest(1) == [_item(3, 6)]
+    assert ready._by_env is None
