@@ -152,7 +152,10 @@ class StreamRows:
         row = self._rows[i]
         if row is not None:
             return row
-        views = tuple(buf[i] for buf in self.bufs.values())
+        return self._keep(i, tuple(buf[i] for buf in self.bufs.values()))
+
+    def _keep(self, i: int, views: tuple[torch.Tensor, ...]) -> TensorDictBase:
+        """Env ``i``'s row made of ``views`` (one per buffer, in the buffers' order), kept."""
         row = TensorDict._new_unsafe(
             dict(zip(self.bufs, views)), batch_size=self.sub_batch, device=self.device, nested=False
         )
@@ -172,13 +175,8 @@ class StreamRows:
                 self._row(i)
             return
         cols = [buf.unbind(0) for buf in bufs.values()]
-        keys = list(bufs)
-        made, views = self._rows, self._views
-        sub_batch, device, new = self.sub_batch, self.device, TensorDict._new_unsafe
         for i in envs:
-            own = tuple(col[i] for col in cols)
-            made[i] = new(dict(zip(keys, own)), batch_size=sub_batch, device=device, nested=False)
-            views[i] = own
+            self._keep(i, tuple(col[i] for col in cols))
 
     def release(self, indices: Sequence[int], payloads: Sequence[Any]) -> bool:
         """The results of env ``indices[k]``'s input ``payloads[k]`` were received: the
