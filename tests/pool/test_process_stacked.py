@@ -130,6 +130,21 @@ class InputWalkEnv(WalkEnv):
 LIMITS = (1, 2, 3, 5)  # four envs that end their episodes at different steps
 
 
+class SlowWalkEnv(WalkEnv):
+    """The walk, each step keeping the CPU busy a few milliseconds: the parent has the next
+    chained step armed before the step ends, so the workers ring it."""
+
+    def __init__(self, work: float = 0.004, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.work = work
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        end = time.perf_counter() + self.work
+        while time.perf_counter() < end:
+            continue
+        return super()._step(td)
+
+
 def walk_pool(backend: str, env_cls: type = WalkEnv, **kwargs: Any) -> AsyncEnvPool:
     options: dict[str, Any] = {}
     if backend == "process":
@@ -155,11 +170,13 @@ def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
 
 class Launches(list[int]):
     """The banks of the stacked calls sent, in order; ``chained``: the positions of those
-    sent by the backend itself, chained to the call before (``launch(..., after=call)``)."""
+    sent by the backend itself, chained to the call before (``launch(..., after=call)``);
+    ``by_workers``: how many of those the workers rang themselves."""
 
     def __init__(self) -> None:
         super().__init__()
         self.chained: list[int] = []
+        self.by_workers = 0
 
 
 def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
@@ -175,7 +192,18 @@ def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
         banks.append(batch.bank)
         return send(self, batch, step_timeout, carry)
 
+    settle = ProcessBackend._settle
+
+    def spy_settle(self: Any, batch: Any) -> bool:
+        rung = settle(self, batch)
+        if rung:  # (a chained call the workers rang: in flight as if sent)
+            banks.chained.append(len(banks))
+            banks.by_workers += 1
+            banks.append(batch.bank)
+        return rung
+
     monkeypatch.setattr(ProcessBackend, "_send_stacked", spy)
+    monkeypatch.setattr(ProcessBackend, "_settle", spy_settle)
     return banks
 
 
@@ -303,8 +331,11 @@ async def test_pickled_results_inside_a_stacked_rollout():
 
 
 # ---------------------------------------------------------------------- faults
-async def _failing_rollout(backend: str) -> tuple[PoolError, list[int], torch.Tensor]:
-    async with walk_pool(backend, per_env={1: {"fail_at": 5}}) as pool:
+async def _failing_rollout(
+    backend: str, env_cls: type = WalkEnv, per_env: dict[int, Any] | None = None
+) -> tuple[PoolError, list[int], torch.Tensor]:
+    per_env = per_env or {1: {"fail_at": 5}}
+    async with walk_pool(backend, env_cls, per_env=per_env) as pool:
         await pool.set_seed(0)
         torch.manual_seed(2)
         with pytest.raises(PoolError) as info:
@@ -327,6 +358,35 @@ async def test_env_error_in_an_overlapped_rollout_matches_the_coroutine_backend(
     # step that never came was given back to the random stream
     assert totals_p == totals_c == [6, 5, 6, 6]
     assert torch.equal(rand_p, rand_c)
+
+
+async def test_the_workers_ring_the_chained_steps_of_an_overlapped_rollout(monkeypatch):
+    # steps of a few ms: the parent arms each chained step before the step before ends,
+    # and the last worker of that step rings it; the rollout is the plain loop's
+    expected = await _rollouts("coroutine", env_cls=SlowWalkEnv)
+    banks = spy_launches(monkeypatch)
+    got = await _rollouts("process", env_cls=SlowWalkEnv)
+    for a, b in zip(expected[:-1], got[:-1], strict=True):
+        assert_same(a, b)
+    assert torch.equal(expected[-1], got[-1])
+    assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+    assert banks.by_workers >= 1
+
+
+async def test_a_failed_share_leaves_the_other_workers_envs_where_the_plain_loop_does(
+    monkeypatch,
+):
+    # env 1 (worker 0) fails at its sixth step while the seventh is armed: worker 0, whose
+    # envs take no time, answered over the socket long before worker 1 finished its share,
+    # and worker 1, the last, does not ring the seventh step, so its envs do not take it
+    per_env = {0: {"work": 0.0}, 1: {"fail_at": 5, "work": 0.0}}
+    err_c, totals_c, rand_c = await _failing_rollout("coroutine", SlowWalkEnv, per_env)
+    banks = spy_launches(monkeypatch)
+    err_p, totals_p, rand_p = await _failing_rollout("process", SlowWalkEnv, per_env)
+    assert sorted(err_p.errors) == sorted(err_c.errors) == [1]
+    assert totals_p == totals_c == [6, 5, 6, 6]
+    assert torch.equal(rand_p, rand_c)
+    assert banks.by_workers >= 1
 
 
 async def test_worker_crash_in_a_stacked_step_and_maybe_reset(tmp_path):
