@@ -236,8 +236,11 @@ class _Batch(BatchCall):
     def took(self, n: int) -> None:
         """``n`` more outcomes are in (stored by the caller): the call ends with the last."""
         self.left -= n
-        if not self.left and not self.future.done():
-            self.future.set_result(None)  # (its waiter resumes later in this loop turn)
+        if not self.left:
+            if not self.future.done():
+                self.future.set_result(None)  # (its waiter resumes later in this loop turn)
+            # (a call given up has no ``then``, but for a chained call the workers rang,
+            # recorded once this call is whole: see ProcessBackend._settle)
             then, self.then = self.then, None
             if then is not None:
                 then()
@@ -1130,8 +1133,26 @@ class ProcessBackend(ClosingMixin, Backend):
         batch.armed = False
         self._armed = None
         assert self._tally is not None
-        if self._tally.disarm(batch.bank):
+        try:
+            if self._tally.disarm(batch.bank):
+                return False
+        except OSError:  # (closed with the pool: its workers ring nothing more)
             return False
+        after = batch.after
+        if after is not None and after.left:
+            # (given up, or a worker died, before ``after``'s answers were taken: every
+            # worker answered it whole on its page, which is what rang this call, so they
+            # are taken first, and this call is recorded once ``after`` is whole, before
+            # any answer of its own is handled)
+            after.then = functools.partial(self._record_rung, batch)
+            self._take_answers()
+            return True
+        self._record_rung(batch)
+        return True
+
+    def _record_rung(self, batch: _Batch) -> None:
+        """A chained call the workers rang: in flight, as :meth:`_send_stacked` leaves a
+        call it rings."""
         seq, n = batch.seq, len(batch.indices)
         current = (seq, batch.op)
         inflight, batch_of = self._inflight, self._batch_of
@@ -1142,7 +1163,6 @@ class ProcessBackend(ClosingMixin, Backend):
         self._drained = False
         self._stacked[batch.bank].partial = False  # type: ignore[index]
         batch.sent = True
-        return True
 
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if self._settle(batch):  # (rung by the workers)
@@ -1467,10 +1487,11 @@ class ProcessBackend(ClosingMixin, Backend):
         w.close_bell()
         # (a worker started again has a doorbell the others do not ring)
         self._peer_rings = False
+        if self._armed is not None:
+            # (armed: taken back, so that no worker rings it on a doorbell that is gone;
+            # rung already: in flight, its envs on this worker failed with the others)
+            self._settle(self._armed)
         rung = self._rung
-        if self._armed is not None and self._tally is not None:
-            self._take_answers()  # (a chained call the workers rang: taken as sent)
-            rung = self._rung
         if rung is not None and w in rung[1] and self._tally is not None:
             # it will not finish the call rung on it: finish for it, in case the others
             # are done already (their answers wait in their pages, no wake-up to come)

@@ -7,6 +7,7 @@ faults in the middle of a stacked step or rollout included."""
 from __future__ import annotations
 
 import asyncio
+import select
 import os
 import signal
 import sys
@@ -387,6 +388,27 @@ async def test_a_failed_share_leaves_the_other_workers_envs_where_the_plain_loop
     assert totals_p == totals_c == [6, 5, 6, 6]
     assert torch.equal(rand_p, rand_c)
     assert banks.by_workers >= 1
+
+
+async def test_a_rollout_given_up_leaves_no_chained_step_behind(monkeypatch):
+    # given up while the workers ring its chained steps: the step armed is taken back, or,
+    # rung already, given up with its envs; after it, a step moves every env by one
+    async with walk_pool("process", SlowWalkEnv) as pool:
+        await pool.reset()
+        banks = spy_launches(monkeypatch)
+        for k in range(3):
+            task = asyncio.ensure_future(pool.rollout(100, break_when_any_done=False))
+            await until(lambda k=k: banks.by_workers > k)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # nothing is left armed: no token a worker could take to ring a step
+            backend = pool._backend
+            assert backend._armed is None  # type: ignore[attr-defined]
+            assert not select.select(backend._tally.chain_fds, [], [], 0)[0]  # type: ignore[attr-defined]
+            before = await pool.get_attr("total")
+            await pool.rollout(1, break_when_any_done=False)
+            assert await pool.get_attr("total") == [n + 1 for n in before]
 
 
 async def test_worker_crash_in_a_stacked_step_and_maybe_reset(tmp_path):
