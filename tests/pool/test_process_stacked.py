@@ -7,8 +7,8 @@ faults in the middle of a stacked step or rollout included."""
 from __future__ import annotations
 
 import asyncio
-import select
 import os
+import select
 import signal
 import sys
 import time
