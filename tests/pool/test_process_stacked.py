@@ -361,16 +361,19 @@ async def test_env_error_in_an_overlapped_rollout_matches_the_coroutine_backend(
     assert torch.equal(rand_p, rand_c)
 
 
-async def test_the_workers_ring_the_chained_steps_of_an_overlapped_rollout(monkeypatch):
+@pytest.mark.parametrize("per_env", [{}, {2: {"extra_at": 4}}], ids=["rows", "pickled"])
+async def test_the_workers_ring_the_chained_steps_of_an_overlapped_rollout(monkeypatch, per_env):
     # steps of a few ms: the parent arms each chained step before the step before ends,
-    # and the last worker of that step rings it; the rollout is the plain loop's
-    expected = await _rollouts("coroutine", env_cls=SlowWalkEnv)
+    # and the last worker of that step rings it; the rollout is the plain loop's (also
+    # where a chained step the workers rang answers pickled, over the socket)
+    expected = await _rollouts("coroutine", env_cls=SlowWalkEnv, per_env=per_env)
     banks = spy_launches(monkeypatch)
-    got = await _rollouts("process", env_cls=SlowWalkEnv)
+    got = await _rollouts("process", env_cls=SlowWalkEnv, per_env=per_env)
     for a, b in zip(expected[:-1], got[:-1], strict=True):
         assert_same(a, b)
     assert torch.equal(expected[-1], got[-1])
-    assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+    if not per_env:
+        assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
     assert banks.by_workers >= 1
 
 
@@ -388,6 +391,45 @@ async def test_a_failed_share_leaves_the_other_workers_envs_where_the_plain_loop
     assert totals_p == totals_c == [6, 5, 6, 6]
     assert torch.equal(rand_p, rand_c)
     assert banks.by_workers >= 1
+
+
+async def test_a_chained_step_answered_over_the_socket_before_the_step_before_was_taken(
+    monkeypatch,
+):
+    # worker 1 (envs 2, 3: 50 ms a step each) is the last of the first step and rings the
+    # second; worker 0 answers its share of the second over the socket (env 1 fails) before
+    # the parent takes the first: the parent, not woken for the first here, takes its
+    # answers from the pages then, and the failure counts for the second
+    from aenv.pool._backend import Failure
+    from aenv.pool._process import ProcessBackend
+
+    dropped = []
+    on_done = ProcessBackend._on_done
+
+    def drop_armed_wake(self: Any) -> None:
+        if self._armed is not None:
+            dropped.append(self._armed.seq)
+            self._tally.take()  # (woken, and nothing taken from the pages)
+            return
+        on_done(self)
+
+    monkeypatch.setattr(ProcessBackend, "_on_done", drop_armed_wake)
+    per_env = {0: {"work": 0.05}, 1: {"fail_at": 1, "work": 0.0}}
+    async with walk_pool(
+        "process", SlowWalkEnv, per_env={**per_env, 2: {"work": 0.05}, 3: {"work": 0.05}}
+    ) as pool:
+        td = pool.rand_action(await pool.reset())
+        backend = pool._backend
+        first = backend.launch("step", td, None, bank=0)  # type: ignore[attr-defined]
+        second = backend.launch("step", td, None, bank=1, after=first)  # type: ignore[attr-defined]
+        assert second.armed
+        with anyio.fail_after(20):
+            assert not isinstance(await first.wait(), list)
+            out = await second.wait()
+        assert dropped == [second.seq] and second.sent
+        assert isinstance(out, list) and isinstance(out[1], Failure)
+        assert "walk failed at step 1" in str(out[1].exc)
+        assert await pool.get_attr("total") == [2, 1, 2, 2]
 
 
 async def test_a_rollout_given_up_leaves_no_chained_step_behind(monkeypatch):
