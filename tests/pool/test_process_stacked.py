@@ -453,6 +453,27 @@ async def test_a_rollout_given_up_leaves_no_chained_step_behind(monkeypatch):
             assert await pool.get_attr("total") == [n + 1 for n in before]
 
 
+async def test_a_worker_killed_while_the_workers_ring_the_chained_steps(monkeypatch):
+    # a chained step armed or rung when a worker dies: taken back, or failed with the dead
+    # worker's envs; the rollout fails with the crash, and the pool goes on (its workers
+    # ring no more: the one started again has a go counter the others do not hold)
+    async with walk_pool("process", SlowWalkEnv) as pool:
+        await pool.reset()
+        banks = spy_launches(monkeypatch)
+        task = asyncio.ensure_future(pool.rollout(200, break_when_any_done=False))
+        await until(lambda: banks.by_workers > 1)
+        backend = pool._backend
+        os.kill(backend._workers[1].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        with anyio.fail_after(20), pytest.raises(PoolError) as info:
+            await task
+        assert any(isinstance(e, WorkerCrashedError) for e in info.value.errors.values())
+        assert backend._armed is None and not backend._peer_rings  # type: ignore[attr-defined]
+        await pool.reset()
+        rung = banks.by_workers
+        out = await pool.rollout(5, break_when_any_done=False)
+        assert out.batch_size == (4, 5) and banks.by_workers == rung
+
+
 async def test_worker_crash_in_a_stacked_step_and_maybe_reset(tmp_path):
     marker = tmp_path / "hang"
     per_env = {1: {"hang_at": 2, "marker": str(marker)}}
