@@ -10,7 +10,8 @@ processes and take whole batches stacked), consecutive steps of a random-action 
 goes on through episode ends overlap: step ``t + 1``'s actions (drawn already, a chunk of
 steps at a time, as every rollout draws them) are staged in the other bank while step ``t``
 runs, and the backend sends step ``t + 1`` the moment step ``t`` came back whole, before this
-task resumes to record step ``t``. Nothing in this process draws random numbers or changes
+task resumes to record step ``t`` (the process backend's workers ring it themselves, see
+:mod:`aenv.pool._process_bell`). Nothing in this process draws random numbers or changes
 what the envs do in between, so the rollout equals the plain loop's: the same keys, values
 and resets, the same random draws, the same error at the same step (a failed step chains
 nothing, and the steps before it stay on the error), and the envs left where the plain loop

@@ -32,7 +32,11 @@ socket before it, so the worker, which reads its socket before taking a call (wh
 doorbell's page says a frame waits there), sees every command in the order it was sent. A
 chained step of an overlapped rollout, staged with its actions only, has its observation
 and done flags carried over from the step before by the rung workers, each for its own
-envs (the parent carries those of a call sent over the socket).
+envs (the parent carries those of a call sent over the socket). Such a step is armed
+ahead on every worker's doorbell, and the last worker of the step before it rings it there
+once that step came back whole, before the parent is woken to take the step before
+(:mod:`aenv.pool._process_bell`); the parent rings it where it armed it too late, and takes
+it back where the step before failed or was given up.
 
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal
@@ -77,7 +81,7 @@ from aenv.exceptions import (
 from aenv.pool import _codec as codec
 from aenv.pool._backend import Backend, BatchCall, Failure, Stacked
 from aenv.pool._channel import Channel, ChannelClosed
-from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEPS, Bell, Tally
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, MAX_PEERS, STEPS, Bell, Tally
 from aenv.pool._process_stream import SharedRows
 from aenv.pool._process_support import (
     ClosingMixin,
@@ -147,6 +151,8 @@ class _Batch(BatchCall):
 
     __slots__ = (
         "after",
+        "ahead",
+        "armed",
         "backend",
         "bank",
         "blocks",
@@ -159,6 +165,7 @@ class _Batch(BatchCall):
         "raw",
         "resets",
         "sent",
+        "seq",
         "stepping",
         "then",
         "timer",
@@ -193,6 +200,11 @@ class _Batch(BatchCall):
         #: chained to this one, as the function that sends it
         self.after: _Batch | None = None
         self.then: Callable[[], None] | None = None
+        #: the call chained to this one; this call's sequence number once sent or armed;
+        #: whether it is armed for the workers to ring (see :meth:`ProcessBackend._arm`)
+        self.ahead: _Batch | None = None
+        self.seq = 0
+        self.armed = False
 
     def wait(self) -> Coroutine[Any, Any, Stacked | list[Any]]:
         return self.backend._finish(self)  # (awaited by the caller: no frame of its own)
@@ -228,8 +240,11 @@ class _Batch(BatchCall):
     def took(self, n: int) -> None:
         """``n`` more outcomes are in (stored by the caller): the call ends with the last."""
         self.left -= n
-        if not self.left and not self.future.done():
-            self.future.set_result(None)  # (its waiter resumes later in this loop turn)
+        if not self.left:
+            if not self.future.done():
+                self.future.set_result(None)  # (its waiter resumes later in this loop turn)
+            # (a call given up has no ``then``, but for a chained call the workers rang,
+            # recorded once this call is whole: see ProcessBackend._settle)
             then, self.then = self.then, None
             if then is not None:
                 then()
@@ -298,6 +313,10 @@ class ProcessBackend(ClosingMixin, Backend):
         self._tally: Tally | None = None
         #: every worker of the call rung last answered it on its page (no token left)
         self._drained = False
+        #: whether the workers ring chained calls (each has every worker's go counter:
+        #: until a worker is started again), and the chained call armed for them
+        self._peer_rings = False
+        self._armed: _Batch | None = None
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -379,8 +398,9 @@ class ProcessBackend(ClosingMixin, Backend):
                 metas.update(self._handshake_blocking(w))
             self._planning = False
             self._plan_region(self._workers, metas)
+            peers = self._ring_peers()
             for w in self._workers:
-                self._hand_over(w)
+                self._hand_over(w, peers)
         except BaseException:
             self.abort()
             raise
@@ -537,15 +557,36 @@ class ProcessBackend(ClosingMixin, Backend):
                 for row, i in enumerate(group[0]):
                     self._bank_rows[bank][i] = (blocks, row)
 
-    def _hand_over(self, w: _Worker) -> None:
-        """Give a worker that sent its metadata its region and doorbell: it is ready."""
+    def _ring_peers(self) -> list[int] | None:
+        """Make every worker's doorbell (at start): each worker is given every worker's
+        go counter, to ring the chained calls (see :mod:`aenv.pool._process_bell`); None
+        where there is no doorbell, or too many workers."""
+        tally = self._tally
+        if tally is None or len(self._workers) > MAX_PEERS:
+            return None
+        for w in self._workers:
+            w.close_bell()
+            w.bell = Bell(len(w.indices), tally=tally)
+        tally.set_workers(len(self._workers))
+        self._peer_rings = True
+        return [w.bell.go_fd for w in self._workers]  # type: ignore[union-attr]
+
+    def _hand_over(self, w: _Worker, peers: list[int] | None = None) -> None:
+        """Give a worker that sent its metadata its region and doorbell (made already,
+        and every worker's go counter, with ``peers``): it is ready."""
         assert w.chan is not None
-        # a doorbell per start: nothing a dead worker rang or answered reaches this one
-        w.close_bell()
-        if self._tally is not None:
-            w.bell = Bell(len(w.indices), tally=self._tally)
-        w.chan.send_fds([w.region_fd, *(w.bell.fds if w.bell is not None else ())])
-        self._send_out(w, [("slots", w.region_size, w.layouts, w.bank_size)])
+        if peers is None:
+            # a doorbell per start: nothing a dead worker rang or answered reaches this one
+            w.close_bell()
+            if self._tally is not None:
+                w.bell = Bell(len(w.indices), tally=self._tally)
+        fds = [w.region_fd, *(w.bell.fds if w.bell is not None else ())]
+        slots: tuple[Any, ...] = ("slots", w.region_size, w.layouts, w.bank_size)
+        if peers is not None:
+            fds += peers
+            slots += (w.wid,)
+        w.chan.send_fds(fds)
+        self._send_out(w, [slots])
         w.state = "ready"
         if w.outbox:
             out, w.outbox = w.outbox, []
@@ -624,8 +665,9 @@ class ProcessBackend(ClosingMixin, Backend):
             bell = w.bell
             if bell is not None:
                 done = bell.take_done()
-                if done is not None:
+                while done is not None:  # (a chained call may be answered before this)
                     answers.append((w, done))
+                    done = bell.take_done()
         rung = self._rung
         if rung is not None:
             # (before the answers are handled: they may ring the call chained to these)
@@ -640,11 +682,13 @@ class ProcessBackend(ClosingMixin, Backend):
             if entries:
                 self._on_batch_reply(seq, entries)
             return
-        # (one reply per call: the workers rung for it answer together)
+        # (one reply per call: the workers rung for it answer together; a call before the
+        # call chained to it, which the workers rang)
         replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
             replies[seq] = replies.get(seq, []) + _answer_entries(w, outcomes)
-        for seq, entries in replies.items():
+        for seq in sorted(replies):
+            entries = replies[seq]
             if entries:
                 self._on_batch_reply(seq, entries)
 
@@ -701,6 +745,13 @@ class ProcessBackend(ClosingMixin, Backend):
             if current is not None and current[0] == seq:
                 break
         else:
+            armed = self._armed
+            if armed is not None and armed.seq == seq:
+                # a chained call the workers rang, answered over the socket before the
+                # answers of the call before it were taken: those first, then this
+                self._take_answers()
+                if armed.sent:
+                    self._on_batch_reply(seq, entries)
             return
         batch_of = self._batch_of
         held = batch_of[first[0]]
@@ -899,7 +950,13 @@ class ProcessBackend(ClosingMixin, Backend):
             assert isinstance(after, _Batch) and after.then is None
             batch = self._stacked_call(op, bank)
             batch.after = after
+            after.ahead = batch
+            if not after.left:  # (back already, with the answers of the call before it)
+                self._send_chained(after, batch, step_timeout)
+                return batch
             after.then = functools.partial(self._send_chained, after, batch, step_timeout)
+            if self._may_arm(after, batch, step_timeout):
+                self._arm(after, batch)
             return batch
         if staged.partial:
             return None  # (only the actions were staged: the rest is a chained call's)
@@ -1040,7 +1097,80 @@ class ProcessBackend(ClosingMixin, Backend):
         lost = self._lost
         return lost.count(None) != len(lost)
 
+    def _may_arm(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> bool:
+        """Whether the workers may ring ``batch``, chained to ``after``: every env steps
+        in both, on the two banks, ``after`` was rung on every worker, no step timeout (a
+        timed call goes over the sockets), and nothing waits to be written to a worker's
+        socket (the doorbell would overtake it)."""
+        rung = self._rung
+        return (
+            self._peer_rings
+            and step_timeout is None
+            and self._armed is None
+            and after.stepping is None
+            and after.bank != batch.bank
+            and rung is not None
+            and rung[0] == after.seq
+            and len(rung[1]) == len(self._workers)
+            and all(self._rings(w) for w in self._workers)
+        )
+
+    def _arm(self, after: _Batch, batch: _Batch) -> None:
+        """Arm ``batch`` for the last worker of ``after`` to ring when every worker
+        answered ``after`` whole (see :mod:`aenv.pool._process_bell`): written into every
+        worker's page, then armed on the tally."""
+        assert self._tally is not None
+        seq = batch.seq = next(self._seq)
+        op, bank = batch.op, batch.bank
+        carry = self._stacked[bank].partial  # type: ignore[index]
+        for w in self._workers:
+            w.bell.arm(seq, op, bank, carry)  # type: ignore[union-attr]
+        batch.armed = True
+        self._armed = batch
+        self._tally.arm_chain(bank, after.seq, seq)
+
+    def _settle(self, batch: _Batch) -> bool:
+        """Take an armed ``batch`` back from the workers: False when it was still armed
+        (not rung), True when a worker rang it (it is then in flight, as if sent here)."""
+        if not batch.armed:
+            return False
+        batch.armed = False
+        self._armed = None
+        assert self._tally is not None
+        try:
+            if self._tally.disarm(batch.bank):
+                return False
+        except OSError:  # (closed with the pool: its workers ring nothing more)
+            return False
+        after = batch.after
+        if after is not None and after.left:
+            # (given up, or a worker died, before ``after``'s answers were taken: every
+            # worker answered it whole on its page, which is what rang this call, so they
+            # are taken first, and this call is recorded once ``after`` is whole, before
+            # any answer of its own is handled)
+            after.then = functools.partial(self._record_rung, batch)
+            self._take_answers()
+            return True
+        self._record_rung(batch)
+        return True
+
+    def _record_rung(self, batch: _Batch) -> None:
+        """A chained call the workers rang: in flight, as :meth:`_send_stacked` leaves a
+        call it rings."""
+        seq, n = batch.seq, len(batch.indices)
+        current = (seq, batch.op)
+        inflight, batch_of = self._inflight, self._batch_of
+        for i in range(n):
+            inflight[i] = current
+            batch_of[i] = (batch, i)
+        self._rung = (seq, list(self._workers))
+        self._drained = False
+        self._stacked[batch.bank].partial = False  # type: ignore[index]
+        batch.sent = True
+
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
+        if self._settle(batch):  # (rung by the workers)
+            return
         if not after.in_blocks() or self._closing or self._fences or self._refusing():
             return
         carry = None
@@ -1084,7 +1214,7 @@ class ProcessBackend(ClosingMixin, Backend):
         before: a rung worker carries its envs' itself, the parent the others'."""
         op, bank = batch.op, batch.bank
         timed = step_timeout is not None
-        seq = next(self._seq)
+        seq = batch.seq = batch.seq or next(self._seq)
         inflight, batch_of = self._inflight, self._batch_of
         current = (seq, op)
         stepping = batch.stepping
@@ -1137,6 +1267,11 @@ class ProcessBackend(ClosingMixin, Backend):
         if after is not None and after.then is not None:
             after.then = None
         batch.then = None
+        ahead, batch.ahead = batch.ahead, None
+        if ahead is not None and self._settle(ahead):
+            # (rung by the workers, this call whole: given up with it)
+            self._give_up(ahead)
+        self._settle(batch)
         if batch.timer is not None:
             batch.timer.cancel()
             batch.timer = None
@@ -1354,6 +1489,12 @@ class ProcessBackend(ClosingMixin, Backend):
         for i in w.indices:
             self._fences.pop(i, None)
         w.close_bell()
+        # (a worker started again has a doorbell the others do not ring)
+        self._peer_rings = False
+        if self._armed is not None:
+            # (armed: taken back, so that no worker rings it on a doorbell that is gone;
+            # rung already: in flight, its envs on this worker failed with the others)
+            self._settle(self._armed)
         rung = self._rung
         if rung is not None and w in rung[1] and self._tally is not None:
             # it will not finish the call rung on it: finish for it, in case the others

@@ -36,16 +36,40 @@ taken. What can go wrong only adds wake-ups: a worker still finishing a call giv
 take a token meant for the next call (the next call's last two workers both ring), and
 for a worker that died the parent takes its token itself (then reads the pages).
 
+Chained calls (an overlapped rollout's step ``t + 1``, sent the moment step ``t`` came back
+whole: :meth:`~aenv.pool._process.ProcessBackend.launch` with ``after``) may be rung by the
+workers themselves, the parent off the path between the two steps. The parent writes the
+chained call into every worker's page ahead of time (its sequence number, op and whether its
+envs carry, in the area of the call's bank), then arms it: the call after which it is
+chained and its own number into the pool's page, then one token into the bank's chain
+counter (an ``eventfd`` in semaphore mode). The last worker of call ``t`` (the one that
+finds no tally token) rings the chained call when ``t`` was the call it is armed after and
+every worker of the pool answered ``t`` on its page with every env's results in the rows
+(each worker writes the number of the call it so answered into the pool's page before it
+takes a token; a failure, a pickled result, an env left out leave it unwritten), and when it
+takes the chain's token: then it puts the call's tally tokens in, writes the number into
+the pool's page as rung on that bank and adds 1 to every worker's go counter (it has all of
+them, its own included), before it wakes the parent for ``t``. The parent, woken, takes the
+chain's token back to disarm it (a call that failed, one given up, one the workers did not
+ring because the parent armed it too late): whoever takes the token owns the ring, so the
+call is rung once, by a worker or by the parent, or never. A rung worker takes such a call
+from its page when the pool's page says it was rung on its bank; each env that call ``t``
+reset (its outcome byte on the page) carries from its ``"reset"`` row. Answers are kept per
+bank on the page, so a worker may answer ``t + 1`` before the parent took ``t``.
+
 Measured on a 2-core machine (see ``benchmarks/RESULTS.md``), an eventfd or a pipe
 wake-up costs about half a socket write, and a shared-memory flag with a short spin before
 sleeping was slower at every cost per step (the spinner takes a core from the workers), so
 the doorbell sleeps at once.
 
-The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` done sequence at 16, ``<q``
-frames sent at 24, then one byte per env of the worker (:data:`STEPS`, :data:`CARRY_NEXT`,
-:data:`CARRY_RESET` bits), then one outcome byte per env. The page's writes are ordered
-with the counters' by the eventfd syscalls (each takes the counter's lock: a worker's
-answer is seen by whoever takes its token or is woken after it).
+The page: ``<q`` go sequence at 0, op at 8, bank at 9, per bank an armed call's op (10, 11)
+and whether it carries (12, 13), ``<q`` frames sent at 16, per bank ``<q`` done sequence
+(24, 32) and armed sequence (40, 48), then one byte per env of the worker (:data:`STEPS`,
+:data:`CARRY_NEXT`, :data:`CARRY_RESET` bits), then per bank one outcome byte per env. The
+pool's page: ``<q`` workers at 0, per bank ``<q`` armed after (8, 16), armed sequence (24,
+32) and rung (40, 48), then per worker ``<q`` the call it last answered whole in the rows.
+The pages' writes are ordered with the counters' by the eventfd syscalls (each takes the
+counter's lock: a worker's answer is seen by whoever takes its token or is woken after it).
 """
 
 from __future__ import annotations
@@ -58,13 +82,28 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 
-__all__ = ["CARRY_NEXT", "CARRY_RESET", "OPS", "STEPS", "STEP_BITS", "Bell", "Tally"]
+__all__ = ["CARRY_NEXT", "CARRY_RESET", "MAX_PEERS", "OPS", "STEPS", "STEP_BITS", "Bell", "Tally"]
 
 #: op names by their code in the page
 OPS = ("step", "step_and_maybe_reset")
 _CODE = {op: k for k, op in enumerate(OPS)}
 _SEQ = struct.Struct("<q")
-_GO, _OP, _BANK, _DONE, _SENT, _MASK = 0, 8, 9, 16, 24, 32
+_GO, _OP, _BANK, _ARMED_OP, _ARMED_CARRY, _SENT, _DONE, _ARMED, _MASK = (
+    0,
+    8,
+    9,
+    10,
+    12,
+    16,
+    24,
+    40,
+    64,
+)
+# the pool's page: workers, per bank the call armed after, the call armed and the call rung,
+# then per worker the call last answered whole in the rows
+_WORKERS, _AFTER, _CHAINED, _RUNG, _WHOLE = 0, 8, 24, 40, 56
+#: the most workers a chained call is rung by (their go counters travel in one message)
+MAX_PEERS = 240
 #: an env's byte: it steps; before, it carries its input over from the other bank's
 #: ``"next"`` row, or from its ``"reset"`` row (it was reset)
 STEPS, CARRY_NEXT, CARRY_RESET = 1, 2, 4
@@ -82,22 +121,33 @@ def _close(fds: list[int], page: mmap.mmap | None) -> None:
 
 
 class Tally:
-    """A pool's tally of finished workers (see the module docstring): the parent's side.
+    """A pool's tally of finished workers and its chained calls' arming (see the module
+    docstring): the parent's side.
 
-    ``fds``: the done counter's and the tokens' descriptors, sent to every worker with its
-    doorbell's.
+    ``fds``: the done counter's, the tokens', the pool page's and the two banks' chain
+    counters' descriptors, sent to every worker with its doorbell's.
     """
 
     def __init__(self) -> None:
-        done = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        fds: list[int] = []
+        page = None
         try:
-            tokens = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE)
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE))
+            fds.append(os.memfd_create("aenv-tally", os.MFD_CLOEXEC))
+            os.ftruncate(fds[2], mmap.PAGESIZE)
+            for _ in range(2):
+                fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE))
+            page = mmap.mmap(fds[2], mmap.PAGESIZE)
         except BaseException:
-            os.close(done)
+            _close(fds, None)
             raise
-        self.fds = [done, tokens]
-        self.done_fd, self.tokens_fd = self.fds
-        self._finalizer = weakref.finalize(self, _close, self.fds, None)
+        self.fds = fds
+        self.done_fd, self.tokens_fd, self.page_fd = fds[:3]
+        self.chain_fds = fds[3:5]
+        #: the pool's page (see the module docstring)
+        self.page = page
+        self._finalizer = weakref.finalize(self, _close, self.fds, page)
         #: the parent's loop watching the done counter
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -151,13 +201,38 @@ class Tally:
         except BlockingIOError:
             pass
 
+    def set_workers(self, workers: int) -> None:
+        """The pool's workers, each answering whole calls into its entry of the page
+        (worker ids ``0 .. workers - 1``)."""
+        _SEQ.pack_into(self.page, _WORKERS, workers)
+
+    def arm_chain(self, bank: int, after: int, seq: int) -> None:
+        """Arm call ``seq`` (written into every worker's page already, see
+        :meth:`Bell.arm`) on ``bank``: the last worker of call ``after`` rings it, when
+        every worker answered ``after`` whole in the rows. One call is armed per bank at
+        a time (the one before was rung or disarmed)."""
+        page = self.page
+        _SEQ.pack_into(page, _CHAINED + 8 * bank, seq)
+        _SEQ.pack_into(page, _AFTER + 8 * bank, after)
+        os.eventfd_write(self.chain_fds[bank], 1)
+
+    def disarm(self, bank: int) -> bool:
+        """Take the call armed on ``bank`` back: True when it was still armed (it will not
+        be rung by a worker), False when a worker took it (it rang it)."""
+        try:
+            os.eventfd_read(self.chain_fds[bank])
+        except BlockingIOError:
+            return False
+        _SEQ.pack_into(self.page, _AFTER + 8 * bank, 0)
+        return True
+
 
 class Bell:
     """One worker's doorbell (see the module docstring).
 
     Args:
         n: the number of envs the worker holds.
-        fds: the page's, the go counter's, the pool's done counter's and tokens'
+        fds: the page's, the go counter's, and the pool's (:attr:`Tally.fds`)
             descriptors (the worker's side, received from the parent); None makes a new
             page and go counter and takes the others from ``tally`` (the parent's side).
         tally: the pool's :class:`Tally` (the parent's side).
@@ -167,7 +242,8 @@ class Bell:
         self, n: int, fds: Sequence[int] | None = None, tally: Tally | None = None
     ) -> None:
         self.n = n
-        size = mmap.PAGESIZE * (1 + (_MASK + 2 * n) // mmap.PAGESIZE)
+        size = mmap.PAGESIZE * (1 + (_MASK + 3 * n) // mmap.PAGESIZE)
+        pool = None
         if fds is None:
             assert tally is not None
             page_fd = os.memfd_create("aenv-bell", os.MFD_CLOEXEC)
@@ -183,16 +259,29 @@ class Bell:
             for fd in fds:
                 os.set_blocking(fd, False)
             own = list(fds)
-        #: what goes to the worker: page, go counter, done counter, tokens
+            pool = mmap.mmap(fds[4], mmap.PAGESIZE)
+        #: what goes to the worker: page, go counter, then the pool's (Tally.fds)
         self.fds = list(fds)
-        self.page_fd, self.go_fd, self.done_fd, self.tokens_fd = self.fds
+        self.page_fd, self.go_fd, self.done_fd, self.tokens_fd = self.fds[:4]
+        self.chain_fds = self.fds[5:7]
         self.page = mmap.mmap(self.page_fd, size)
+        #: the pool's page (the worker's side)
+        self.pool = pool
         self._res = _MASK + n
         self._all = bytes([STEPS]) * n
+        self._carry_all = bytes([STEPS | CARRY_NEXT]) * n
         #: the last sequence number taken from the page (go on the worker, done on the parent)
         self.taken = 0
+        #: per bank, the last done sequence number taken (the parent's side)
+        self._seen = [0, 0]
+        #: the worker's id and every worker's go counter, its own included (the worker's
+        #: side: it rings the chained calls it finds armed, see :meth:`link`)
+        self.wid = -1
+        self.peers: list[int] = []
         # (the parent's side closes only its page and go counter: the tally is the pool's)
         self._finalizer = weakref.finalize(self, _close, own, self.page)
+        if pool is not None:
+            weakref.finalize(self, pool.close)
 
     @property
     def closed(self) -> bool:
@@ -224,50 +313,126 @@ class Bell:
         _SEQ.pack_into(page, _GO, seq)
         os.eventfd_write(self.go_fd, 1)
 
+    def arm(self, seq: int, op: str, bank: int, carry: bool) -> None:
+        """Write call ``seq`` (every env steps ``op`` on ``bank``; ``carry``: each first
+        carries its input over from the other bank's results) into the page, for a worker
+        to ring (see :meth:`Tally.arm_chain`)."""
+        page = self.page
+        page[_ARMED_OP + bank] = _CODE[op]
+        page[_ARMED_CARRY + bank] = carry
+        _SEQ.pack_into(page, _ARMED + 8 * bank, seq)
+
     def take_done(self) -> tuple[int, bytes] | None:
-        """The latest completed call not taken yet: its sequence number and one outcome
+        """The oldest completed call not taken yet: its sequence number and one outcome
         byte per env; None when there is none."""
-        seq = _SEQ.unpack_from(self.page, _DONE)[0]
-        if seq == self.taken:
-            return None
-        self.taken = seq
-        return seq, self.page[self._res : self._res + self.n]
+        page, seen = self.page, self._seen
+        first = _SEQ.unpack_from(page, _DONE)[0]
+        second = _SEQ.unpack_from(page, _DONE + 8)[0]
+        if second == seen[1]:
+            if first == seen[0]:
+                return None
+            bank, seq = 0, first
+        elif first == seen[0] or second < first:
+            bank, seq = 1, second
+        else:
+            bank, seq = 0, first
+        seen[bank] = seq
+        if seq > self.taken:
+            self.taken = seq
+        at = self._res + bank * self.n
+        return seq, page[at : at + self.n]
 
     def answered(self) -> int:
         """The sequence number of the latest call the worker answered (a look at the page:
         nothing is taken, the done counter is left as it is)."""
-        return int(_SEQ.unpack_from(self.page, _DONE)[0])
+        page = self.page
+        return int(max(_SEQ.unpack_from(page, _DONE)[0], _SEQ.unpack_from(page, _DONE + 8)[0]))
 
     # ------------------------------------------------------------------ worker side
+    def link(self, wid: int, peers: list[int]) -> None:
+        """The worker's id, and every worker's go counter (its own included): it rings the
+        chained calls armed after the calls it finishes last (see :meth:`finished`)."""
+        self.wid, self.peers = wid, peers
+
     def sent(self) -> int:
         """The number of socket frames the parent had written when it rang last."""
         return int(_SEQ.unpack_from(self.page, _SENT)[0])
 
     def take_go(self) -> tuple[int, str, int, bytes] | None:
         """The call rung and not taken yet: sequence number, op, bank, one byte of flags
-        per env (see :meth:`ring`); None when there is none (taken already)."""
+        per env (see :meth:`ring`); None when there is none (taken already). A chained call
+        a worker rang (see :meth:`arm`) carries each env's input from the other bank's
+        ``"next"`` row, or its ``"reset"`` row where the call before reset it."""
         try:
             os.eventfd_read(self.go_fd)
         except BlockingIOError:
             pass
-        seq = _SEQ.unpack_from(self.page, _GO)[0]
-        if seq <= self.taken:
-            return None
-        self.taken = seq
         page = self.page
-        return seq, OPS[page[_OP]], page[_BANK], page[_MASK : _MASK + self.n]
+        seq = _SEQ.unpack_from(page, _GO)[0]
+        if seq > self.taken:
+            self.taken = seq
+            return seq, OPS[page[_OP]], page[_BANK], page[_MASK : _MASK + self.n]
+        pool = self.pool
+        if pool is None:
+            return None
+        for bank in (0, 1):
+            seq = _SEQ.unpack_from(page, _ARMED + 8 * bank)[0]
+            if seq > self.taken and _SEQ.unpack_from(pool, _RUNG + 8 * bank)[0] == seq:
+                self.taken = seq
+                n = self.n
+                if not page[_ARMED_CARRY + bank]:
+                    return seq, OPS[page[_ARMED_OP + bank]], bank, self._all
+                at = self._res + (1 - bank) * n
+                before = page[at : at + n]  # (the call chained after: its outcomes)
+                flags = self._carry_all
+                if 2 in before:
+                    flags = bytes(STEPS | (CARRY_RESET if o == 2 else CARRY_NEXT) for o in before)
+                return seq, OPS[page[_ARMED_OP + bank]], bank, flags
+        return None
 
-    def answer(self, seq: int, outcomes: bytes) -> None:
-        """Call ``seq`` is done, every env's results in the rows: ``outcomes`` has one
-        byte per env (0: not in the call, 1: done, 2: done and reset)."""
-        self.page[self._res : self._res + self.n] = outcomes
-        _SEQ.pack_into(self.page, _DONE, seq)
-        self.finished()
+    def answer(self, seq: int, outcomes: bytes, bank: int = 0) -> None:
+        """Call ``seq`` on ``bank`` is done, every env's results in the rows: ``outcomes``
+        has one byte per env (0: not in the call, 1: done, 2: done and reset)."""
+        page = self.page
+        at = self._res + bank * self.n
+        page[at : at + self.n] = outcomes
+        _SEQ.pack_into(page, _DONE + 8 * bank, seq)
+        pool = self.pool
+        if pool is not None and self.wid >= 0 and 0 not in outcomes:
+            _SEQ.pack_into(pool, _WHOLE + 8 * self.wid, seq)
+        self.finished(seq, bank)
 
-    def finished(self) -> None:
+    def finished(self, seq: int = 0, bank: int = 0) -> None:
         """This worker is done with the call rung last (answered on the page or over the
-        socket): the last of its workers to finish wakes the parent (see :class:`Tally`)."""
+        socket): the last of its workers to finish wakes the parent (see :class:`Tally`),
+        and first rings the call chained to it (``seq`` on ``bank``, answered whole on the
+        page) when it is armed (see the module docstring)."""
         try:
             os.eventfd_read(self.tokens_fd)
         except BlockingIOError:
+            if seq and self.peers:
+                self._ring_chained(seq, 1 - bank)
             os.eventfd_write(self.done_fd, 1)
+
+    def _ring_chained(self, after: int, bank: int) -> None:
+        """Ring the call armed on ``bank`` after call ``after`` when every worker answered
+        ``after`` whole and this worker takes its token (see the module docstring)."""
+        pool = self.pool
+        assert pool is not None
+        if _SEQ.unpack_from(pool, _AFTER + 8 * bank)[0] != after:
+            return
+        workers = _SEQ.unpack_from(pool, _WORKERS)[0]
+        if workers != len(self.peers):
+            return
+        for at in range(_WHOLE, _WHOLE + 8 * workers, 8):
+            if _SEQ.unpack_from(pool, at)[0] != after:
+                return
+        try:
+            os.eventfd_read(self.chain_fds[bank])
+        except BlockingIOError:
+            return  # (disarmed by the parent)
+        _SEQ.pack_into(pool, _RUNG + 8 * bank, _SEQ.unpack_from(pool, _CHAINED + 8 * bank)[0])
+        if workers > 1:
+            os.eventfd_write(self.tokens_fd, workers - 1)
+        for fd in self.peers:
+            os.eventfd_write(fd, 1)

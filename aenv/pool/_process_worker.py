@@ -7,8 +7,8 @@ high-latency envs busy. Results go back batched per loop turn, tensors through t
 
 Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the parent):
 
-* parent -> worker: ``("slots", region_size, layouts, bank_size)`` once (after the
-  region's descriptor), ``("op", env, seq, op, data)`` (``data`` None: the input is in the
+* parent -> worker: ``("slots", region_size, layouts, bank_size[, wid])`` once (after the
+  region's and doorbell's descriptors; ``wid`` where it was sent every worker's go counter), ``("op", env, seq, op, data)`` (``data`` None: the input is in the
   env's ``"in"`` slot, or for a reset, no input and no keyword; else the pickled payload),
   ``("batch", seq, op, [(env, data), ...], stream[, bank])`` (one whole-batch call's share
   of this worker: one ``op`` per env, all under one ``seq``, its slots those of ``bank``,
@@ -65,7 +65,7 @@ from aenv.exceptions import EnvStepError
 from aenv.pool import _codec as codec
 from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ops import drive, execute, execute_inline, runs_inline, step_rows
-from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, Bell
+from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, MAX_PEERS, STEP_BITS, Bell
 from aenv.pool._process_support import close_inherited
 from aenv.pool._shm import Slot, carry_blocks, carry_pairs, map_region, map_slots
 
@@ -218,12 +218,15 @@ def worker_main(
             chan.flush_blocking(5.0)
         os._exit(1)
     try:
-        fd, *bell_fds = chan.recv_fds(5)
-        ((_, size, layouts, bank_size),) = chan.recv_blocking(limit=1)[0]
+        fd, *bell_fds = chan.recv_fds(8 + MAX_PEERS)
+        ((_, size, layouts, bank_size, *wid),) = chan.recv_blocking(limit=1)[0]
         flat = map_region(fd, size)
         os.close(fd)
         # (the region's alone: the parent's platform has no doorbell)
-        bell = Bell(len(indices), bell_fds) if bell_fds else None
+        bell = Bell(len(indices), bell_fds[:7]) if bell_fds else None
+        if bell is not None and len(bell_fds) > 7 and wid:
+            # every worker's go counter: it rings the chained calls it finds armed
+            bell.link(wid[0], bell_fds[7:])
     except (ChannelClosed, OSError, ValueError):
         os._exit(1)
     banks = [
@@ -763,7 +766,7 @@ class _Runtime:
             if code != SLOT:
                 return False
             outcomes[local[i]] = 2 if data else 1
-        bell.answer(batch.seq, bytes(outcomes))
+        bell.answer(batch.seq, bytes(outcomes), batch.bank)
         return True
 
     # ------------------------------------------------------------------ closing

@@ -47,6 +47,15 @@ class Rings:
             take()
 
         monkeypatch.setattr(tally, "take", spy_take)
+        self.by_workers = 0  # chained calls the workers rang (the parent's disarm failed)
+        disarm = tally.disarm
+
+        def spy_disarm(bank: int) -> bool:
+            armed = disarm(bank)
+            self.by_workers += not armed
+            return armed
+
+        monkeypatch.setattr(tally, "disarm", spy_disarm)
         for w in pool._backend._workers:  # type: ignore[attr-defined]
             ring, send = w.bell.ring, w.chan.send
 
@@ -187,9 +196,10 @@ async def test_stacked_steps_ring_and_others_use_the_socket(monkeypatch):
         rings.rung.clear()
         out = await pool.rollout(4, break_when_any_done=False, auto_reset=False, tensordict=td)
         assert out["next", "observation"][:, -1].squeeze(-1).tolist() == [7] * 4
-        assert len(rings.rung) == 8 and rings.frames == 2
-        # the parent was woken once per call, by the last of its two workers
-        assert rings.wakes == 3 + 4
+        # (the parent rings a chained call the workers did not ring: armed too late)
+        assert len(rings.rung) + 2 * rings.by_workers == 8 and rings.frames == 2
+        # the parent was woken at most once per call, by the last of its two workers
+        assert 3 + 1 <= rings.wakes <= 3 + 4
 
 
 async def test_a_step_timeout_streams_the_batch_through_the_socket(monkeypatch):
@@ -238,5 +248,125 @@ async def test_a_lockstep_collector_over_processes_rings(monkeypatch):
     # CountingEnv's observation counts its steps: 6 steps of every env, in order
     counts = [b["next", "observation"].squeeze(-1) for b in batches]
     assert counts[0][:, -1].tolist() == [3] * 4 and counts[1][:, -1].tolist() == [6] * 4
-    # each step a ring per worker; only the reset went as frames
-    assert len(rings.rung) == 12 and rings.frames == 2
+    # each step a ring per worker (by the parent, or by the workers for a chained call);
+    # only the reset went as frames
+    assert len(rings.rung) + 2 * rings.by_workers == 12 and rings.frames == 2
+
+
+# ---------------------------------------------------------------------- chained calls
+def linked(workers: int, n: int = 2) -> tuple[Tally, list[Bell], list[Bell]]:
+    """A tally and ``workers`` doorbells of ``n`` envs each, parent and worker sides, each
+    worker given every worker's go counter (as a pool gives them at start)."""
+    tally = Tally()
+    tally.set_workers(workers)
+    parents = [Bell(n, tally=tally) for _ in range(workers)]
+    sides = [Bell(n, [os.dup(fd) for fd in p.fds]) for p in parents]
+    for wid, side in enumerate(sides):
+        side.link(wid, [os.dup(p.go_fd) for p in parents])
+    return tally, parents, sides
+
+
+def close_all(tally: Tally, *bells: Bell) -> None:
+    for bell in bells:
+        bell.close()
+    tally.close()
+
+
+def run_call(tally: Tally, parents: list[Bell], sides: list[Bell], seq: int, bank: int) -> None:
+    """Ring call ``seq`` on every worker (the parent's ring) and let each take it."""
+    tally.arm(len(parents))
+    for parent, side in zip(parents, sides):
+        parent.ring(seq, "step_and_maybe_reset", bank, None)
+        assert side.take_go() == (seq, "step_and_maybe_reset", bank, bytes([STEPS]) * 2)
+
+
+def arm_chained(tally: Tally, parents: list[Bell], after: int, seq: int, bank: int) -> None:
+    for parent in parents:
+        parent.arm(seq, "step_and_maybe_reset", bank, True)
+    tally.arm_chain(bank, after, seq)
+
+
+def test_the_last_worker_rings_the_chained_call_armed():
+    tally, parents, sides = linked(2)
+    try:
+        run_call(tally, parents, sides, 1, 0)
+        arm_chained(tally, parents, 1, 2, 1)
+        sides[0].answer(1, b"\x01\x02", 0)  # (its env 1 was reset)
+        assert not rang(tally) and sides[1].take_go() is None  # one still works
+        sides[1].answer(1, b"\x01\x01", 0)
+        # the last one rang call 2 on both workers (itself too), then woke the parent
+        carry = STEPS | CARRY_NEXT
+        assert sides[0].take_go() == (
+            2,
+            "step_and_maybe_reset",
+            1,
+            bytes([carry, STEPS | CARRY_RESET]),
+        )
+        assert sides[1].take_go() == (2, "step_and_maybe_reset", 1, bytes([carry, carry]))
+        assert rang(tally)
+        assert not tally.disarm(1)  # (a worker took it: the parent records it as sent)
+        tally.take()
+        assert [p.take_done() for p in parents] == [(1, b"\x01\x02"), (1, b"\x01\x01")]
+        # call 2 is answered on bank 1's area: a worker may answer it before the parent
+        # took call 1's answers, and the last of its two workers wakes the parent again
+        sides[0].answer(2, b"\x01\x01", 1)
+        assert not rang(tally)
+        sides[1].answer(2, b"\x02\x01", 1)
+        assert rang(tally)
+        assert parents[1].take_done() == (2, b"\x02\x01")
+    finally:
+        close_all(tally, *parents, *sides)
+
+
+def test_a_worker_answers_the_chained_call_before_the_parent_took_the_first():
+    tally, parents, sides = linked(1)
+    try:
+        run_call(tally, parents, sides, 1, 0)
+        arm_chained(tally, parents, 1, 2, 1)
+        sides[0].answer(1, b"\x01\x01", 0)
+        assert sides[0].take_go() is not None
+        sides[0].answer(2, b"\x02\x01", 1)
+        # both answers are kept, the oldest taken first
+        assert parents[0].take_done() == (1, b"\x01\x01")
+        assert parents[0].take_done() == (2, b"\x02\x01")
+        assert parents[0].take_done() is None
+    finally:
+        close_all(tally, *parents, *sides)
+
+
+@pytest.mark.parametrize("how", ["over the socket", "env left out"])
+def test_a_call_not_answered_whole_by_every_worker_rings_nothing(how):
+    tally, parents, sides = linked(2)
+    try:
+        run_call(tally, parents, sides, 1, 0)
+        arm_chained(tally, parents, 1, 2, 1)
+        if how == "env left out":
+            sides[0].answer(1, b"\x01\x00", 0)  # (an env cancelled out of the call)
+        else:
+            sides[0].finished()  # (answered with a "b" frame over the socket)
+        sides[1].answer(1, b"\x01\x01", 0)
+        assert rang(tally)  # the parent is woken, as for any call
+        assert sides[0].take_go() is None and sides[1].take_go() is None
+        assert tally.disarm(1)  # still armed: the parent takes it back
+    finally:
+        close_all(tally, *parents, *sides)
+
+
+def test_a_disarmed_chained_call_is_never_rung():
+    tally, parents, sides = linked(2)
+    try:
+        run_call(tally, parents, sides, 1, 0)
+        arm_chained(tally, parents, 1, 2, 1)
+        assert tally.disarm(1)  # (the parent gave call 1 up, or it failed)
+        sides[0].answer(1, b"\x01\x01", 0)
+        sides[1].answer(1, b"\x01\x01", 0)
+        assert sides[0].take_go() is None and sides[1].take_go() is None
+        # a call armed after another call is not rung by this one's last worker
+        run_call(tally, parents, sides, 3, 0)
+        arm_chained(tally, parents, 5, 6, 1)
+        sides[0].answer(3, b"\x01\x01", 0)
+        sides[1].answer(3, b"\x01\x01", 0)
+        assert sides[0].take_go() is None and sides[1].take_go() is None
+        assert tally.disarm(1)
+    finally:
+        close_all(tally, *parents, *sides)

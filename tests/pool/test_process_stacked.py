@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import sys
 import time
@@ -130,6 +131,21 @@ class InputWalkEnv(WalkEnv):
 LIMITS = (1, 2, 3, 5)  # four envs that end their episodes at different steps
 
 
+class SlowWalkEnv(WalkEnv):
+    """The walk, each step keeping the CPU busy a few milliseconds: the parent has the next
+    chained step armed before the step ends, so the workers ring it."""
+
+    def __init__(self, work: float = 0.004, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.work = work
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        end = time.perf_counter() + self.work
+        while time.perf_counter() < end:
+            continue
+        return super()._step(td)
+
+
 def walk_pool(backend: str, env_cls: type = WalkEnv, **kwargs: Any) -> AsyncEnvPool:
     options: dict[str, Any] = {}
     if backend == "process":
@@ -155,11 +171,13 @@ def assert_same(a: TensorDictBase, b: TensorDictBase) -> None:
 
 class Launches(list[int]):
     """The banks of the stacked calls sent, in order; ``chained``: the positions of those
-    sent by the backend itself, chained to the call before (``launch(..., after=call)``)."""
+    sent by the backend itself, chained to the call before (``launch(..., after=call)``);
+    ``by_workers``: how many of those the workers rang themselves."""
 
     def __init__(self) -> None:
         super().__init__()
         self.chained: list[int] = []
+        self.by_workers = 0
 
 
 def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
@@ -175,7 +193,18 @@ def spy_launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
         banks.append(batch.bank)
         return send(self, batch, step_timeout, carry)
 
+    settle = ProcessBackend._settle
+
+    def spy_settle(self: Any, batch: Any) -> bool:
+        rung = settle(self, batch)
+        if rung:  # (a chained call the workers rang: in flight as if sent)
+            banks.chained.append(len(banks))
+            banks.by_workers += 1
+            banks.append(batch.bank)
+        return rung
+
     monkeypatch.setattr(ProcessBackend, "_send_stacked", spy)
+    monkeypatch.setattr(ProcessBackend, "_settle", spy_settle)
     return banks
 
 
@@ -303,8 +332,11 @@ async def test_pickled_results_inside_a_stacked_rollout():
 
 
 # ---------------------------------------------------------------------- faults
-async def _failing_rollout(backend: str) -> tuple[PoolError, list[int], torch.Tensor]:
-    async with walk_pool(backend, per_env={1: {"fail_at": 5}}) as pool:
+async def _failing_rollout(
+    backend: str, env_cls: type = WalkEnv, per_env: dict[int, Any] | None = None
+) -> tuple[PoolError, list[int], torch.Tensor]:
+    per_env = per_env or {1: {"fail_at": 5}}
+    async with walk_pool(backend, env_cls, per_env=per_env) as pool:
         await pool.set_seed(0)
         torch.manual_seed(2)
         with pytest.raises(PoolError) as info:
@@ -327,6 +359,119 @@ async def test_env_error_in_an_overlapped_rollout_matches_the_coroutine_backend(
     # step that never came was given back to the random stream
     assert totals_p == totals_c == [6, 5, 6, 6]
     assert torch.equal(rand_p, rand_c)
+
+
+@pytest.mark.parametrize("per_env", [{}, {2: {"extra_at": 4}}], ids=["rows", "pickled"])
+async def test_the_workers_ring_the_chained_steps_of_an_overlapped_rollout(monkeypatch, per_env):
+    # steps of a few ms: the parent arms each chained step before the step before ends,
+    # and the last worker of that step rings it; the rollout is the plain loop's (also
+    # where a chained step the workers rang answers pickled, over the socket)
+    expected = await _rollouts("coroutine", env_cls=SlowWalkEnv, per_env=per_env)
+    banks = spy_launches(monkeypatch)
+    got = await _rollouts("process", env_cls=SlowWalkEnv, per_env=per_env)
+    for a, b in zip(expected[:-1], got[:-1], strict=True):
+        assert_same(a, b)
+    assert torch.equal(expected[-1], got[-1])
+    if not per_env:
+        assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+    assert banks.by_workers >= 1
+
+
+async def test_a_failed_share_leaves_the_other_workers_envs_where_the_plain_loop_does(
+    monkeypatch,
+):
+    # env 1 (worker 0) fails at its sixth step while the seventh is armed: worker 0, whose
+    # envs take no time, answered over the socket long before worker 1 finished its share,
+    # and worker 1, the last, does not ring the seventh step, so its envs do not take it
+    per_env = {0: {"work": 0.0}, 1: {"fail_at": 5, "work": 0.0}}
+    err_c, totals_c, rand_c = await _failing_rollout("coroutine", SlowWalkEnv, per_env)
+    banks = spy_launches(monkeypatch)
+    err_p, totals_p, rand_p = await _failing_rollout("process", SlowWalkEnv, per_env)
+    assert sorted(err_p.errors) == sorted(err_c.errors) == [1]
+    assert totals_p == totals_c == [6, 5, 6, 6]
+    assert torch.equal(rand_p, rand_c)
+    assert banks.by_workers >= 1
+
+
+async def test_a_chained_step_answered_over_the_socket_before_the_step_before_was_taken(
+    monkeypatch,
+):
+    # worker 1 (envs 2, 3: 50 ms a step each) is the last of the first step and rings the
+    # second; worker 0 answers its share of the second over the socket (env 1 fails) before
+    # the parent takes the first: the parent, not woken for the first here, takes its
+    # answers from the pages then, and the failure counts for the second
+    from aenv.pool._backend import Failure
+    from aenv.pool._process import ProcessBackend
+
+    dropped = []
+    on_done = ProcessBackend._on_done
+
+    def drop_armed_wake(self: Any) -> None:
+        if self._armed is not None:
+            dropped.append(self._armed.seq)
+            self._tally.take()  # (woken, and nothing taken from the pages)
+            return
+        on_done(self)
+
+    monkeypatch.setattr(ProcessBackend, "_on_done", drop_armed_wake)
+    per_env = {0: {"work": 0.05}, 1: {"fail_at": 1, "work": 0.0}}
+    async with walk_pool(
+        "process", SlowWalkEnv, per_env={**per_env, 2: {"work": 0.05}, 3: {"work": 0.05}}
+    ) as pool:
+        td = pool.rand_action(await pool.reset())
+        backend = pool._backend
+        first = backend.launch("step", td, None, bank=0)  # type: ignore[attr-defined]
+        second = backend.launch("step", td, None, bank=1, after=first)  # type: ignore[attr-defined]
+        assert second.armed
+        with anyio.fail_after(20):
+            assert not isinstance(await first.wait(), list)
+            out = await second.wait()
+        assert dropped == [second.seq] and second.sent
+        assert isinstance(out, list) and isinstance(out[1], Failure)
+        assert "walk failed at step 1" in str(out[1].exc)
+        assert await pool.get_attr("total") == [2, 1, 2, 2]
+
+
+async def test_a_rollout_given_up_leaves_no_chained_step_behind(monkeypatch):
+    # given up while the workers ring its chained steps: the step armed is taken back, or,
+    # rung already, given up with its envs; after it, a step moves every env by one
+    async with walk_pool("process", SlowWalkEnv) as pool:
+        await pool.reset()
+        banks = spy_launches(monkeypatch)
+        for k in range(3):
+            task = asyncio.ensure_future(pool.rollout(100, break_when_any_done=False))
+            await until(lambda k=k: banks.by_workers > k)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # nothing is left armed: no token a worker could take to ring a step
+            backend = pool._backend
+            assert backend._armed is None  # type: ignore[attr-defined]
+            assert not select.select(backend._tally.chain_fds, [], [], 0)[0]  # type: ignore[attr-defined]
+            before = await pool.get_attr("total")
+            await pool.rollout(1, break_when_any_done=False)
+            assert await pool.get_attr("total") == [n + 1 for n in before]
+
+
+async def test_a_worker_killed_while_the_workers_ring_the_chained_steps(monkeypatch):
+    # a chained step armed or rung when a worker dies: taken back, or failed with the dead
+    # worker's envs; the rollout fails with the crash, and the pool goes on (its workers
+    # ring no more: the one started again has a go counter the others do not hold)
+    async with walk_pool("process", SlowWalkEnv) as pool:
+        await pool.reset()
+        banks = spy_launches(monkeypatch)
+        task = asyncio.ensure_future(pool.rollout(200, break_when_any_done=False))
+        await until(lambda: banks.by_workers > 1)
+        backend = pool._backend
+        os.kill(backend._workers[1].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        with anyio.fail_after(20), pytest.raises(PoolError) as info:
+            await task
+        assert any(isinstance(e, WorkerCrashedError) for e in info.value.errors.values())
+        assert backend._armed is None and not backend._peer_rings  # type: ignore[attr-defined]
+        await pool.reset()
+        rung = banks.by_workers
+        out = await pool.rollout(5, break_when_any_done=False)
+        assert out.batch_size == (4, 5) and banks.by_workers == rung
 
 
 async def test_worker_crash_in_a_stacked_step_and_maybe_reset(tmp_path):
