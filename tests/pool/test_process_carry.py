@@ -89,7 +89,10 @@ async def _rollout(backend: str, rings: list[bytes] | None = None, **kwargs: Any
 
 
 def spy_rings(pool: AsyncEnvPool, rings: list[bytes]) -> None:
-    """Record the flags of every call rung on the pool's doorbells."""
+    """Record the flags of every call rung on the pool's doorbells, all by the parent (the
+    workers' own rings of chained calls, which the parent does not see, turned off: they
+    are tested in test_process_bell and test_process_stacked)."""
+    pool._backend._peer_rings = False  # type: ignore[attr-defined]
     for w in pool._backend._workers:  # type: ignore[attr-defined]
         ring = w.bell.ring
 
