@@ -143,9 +143,10 @@ def put(td: TensorDictBase, key: str, value: torch.Tensor | TensorDictBase) -> N
     td.set(key, value)
 
 
-def put_text(td: TensorDictBase, key: str, value: str | bytes | int | float | bool) -> None:
-    """``td.set_non_tensor(key, value)`` for plain text or a number (a per-step helper: a
-    step's error entries under ``on_error="observe"``). On a :func:`writable` TensorDict
+def put_text(td: TensorDictBase, key: str, value: Any) -> None:
+    """``td.set_non_tensor(key, value)`` for a plain python value, not a tensor or
+    tensordict (a per-step helper: a step's error entries under ``on_error="observe"``, an
+    agent's text action). On a :func:`writable` TensorDict
     with no device, the entry dict gets the :class:`~tensordict.NonTensorData`
     ``set_non_tensor`` would make, at about a quarter of its cost; anything else goes
     through ``set_non_tensor``."""

@@ -17,8 +17,8 @@ import torch
 from anyio.abc import TaskGroup
 from tensordict import TensorDictBase, is_tensor_collection
 
-from aenv._mdp import any_true, entry, getter, put, unravel, writable
-from aenv._mdp_tree import non_tensor, non_tensor_value
+from aenv._mdp import any_true, entry, getter, put, put_text, unravel
+from aenv._mdp_tree import non_tensor_value
 from aenv.agents._episode import Episode, ErrorInfo, Turn
 from aenv.agents._groups import EpisodeSpec, Group, PromptSource, prompt_tensordict
 from aenv.agents._policy import BatchedPolicy
@@ -318,20 +318,18 @@ class EpisodeStream:
                 f"keys ({[name for _, name in self._action_keys]}) takes a dict of actions by "
                 "key (or the tensordict with them set)"
             )
-        direct = td.device is None and writable(td)
         for key, value in items:
             if type(value) is torch.Tensor and type(key) is str:
                 put(td, key, value)
             elif (
-                direct
-                and type(key) is str
+                type(key) is str
                 and key in self._text_actions
                 and (
                     type(value) in _SCALARS
                     or not (is_tensor_collection(value) or isinstance(value, torch.Tensor))
                 )
             ):
-                td._tensordict[key] = non_tensor(value, td.batch_size)
+                put_text(td, key, value)
             else:
                 td.set(key, value)
         return td

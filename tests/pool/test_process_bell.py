@@ -4,9 +4,11 @@ socket, and a fresh doorbell after a respawn."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -286,11 +288,21 @@ def arm_chained(tally: Tally, parents: list[Bell], after: int, seq: int, bank: i
     tally.arm_chain(bank, after, seq)
 
 
-def test_the_last_worker_rings_the_chained_call_armed():
-    tally, parents, sides = linked(2)
+@contextlib.contextmanager
+def chained(workers: int) -> Iterator[tuple[Tally, list[Bell], list[Bell]]]:
+    """:func:`linked` doorbells with call 1 rung on bank 0 and call 2 armed after it on
+    bank 1 (carrying), all closed afterwards."""
+    tally, parents, sides = linked(workers)
     try:
         run_call(tally, parents, sides, 1, 0)
         arm_chained(tally, parents, 1, 2, 1)
+        yield tally, parents, sides
+    finally:
+        close_all(tally, *parents, *sides)
+
+
+def test_the_last_worker_rings_the_chained_call_armed():
+    with chained(2) as (tally, parents, sides):
         sides[0].answer(1, b"\x01\x02", 0)  # (its env 1 was reset)
         assert not rang(tally) and sides[1].take_go() is None  # one still works
         sides[1].answer(1, b"\x01\x01", 0)
@@ -314,15 +326,10 @@ def test_the_last_worker_rings_the_chained_call_armed():
         sides[1].answer(2, b"\x02\x01", 1)
         assert rang(tally)
         assert parents[1].take_done() == (2, b"\x02\x01")
-    finally:
-        close_all(tally, *parents, *sides)
 
 
 def test_a_worker_answers_the_chained_call_before_the_parent_took_the_first():
-    tally, parents, sides = linked(1)
-    try:
-        run_call(tally, parents, sides, 1, 0)
-        arm_chained(tally, parents, 1, 2, 1)
+    with chained(1) as (_, parents, sides):
         sides[0].answer(1, b"\x01\x01", 0)
         assert sides[0].take_go() is not None
         sides[0].answer(2, b"\x02\x01", 1)
@@ -330,16 +337,11 @@ def test_a_worker_answers_the_chained_call_before_the_parent_took_the_first():
         assert parents[0].take_done() == (1, b"\x01\x01")
         assert parents[0].take_done() == (2, b"\x02\x01")
         assert parents[0].take_done() is None
-    finally:
-        close_all(tally, *parents, *sides)
 
 
 @pytest.mark.parametrize("how", ["over the socket", "env left out"])
 def test_a_call_not_answered_whole_by_every_worker_rings_nothing(how):
-    tally, parents, sides = linked(2)
-    try:
-        run_call(tally, parents, sides, 1, 0)
-        arm_chained(tally, parents, 1, 2, 1)
+    with chained(2) as (tally, _, sides):
         if how == "env left out":
             sides[0].answer(1, b"\x01\x00", 0)  # (an env cancelled out of the call)
         else:
@@ -348,15 +350,10 @@ def test_a_call_not_answered_whole_by_every_worker_rings_nothing(how):
         assert rang(tally)  # the parent is woken, as for any call
         assert sides[0].take_go() is None and sides[1].take_go() is None
         assert tally.disarm(1)  # still armed: the parent takes it back
-    finally:
-        close_all(tally, *parents, *sides)
 
 
 def test_a_disarmed_chained_call_is_never_rung():
-    tally, parents, sides = linked(2)
-    try:
-        run_call(tally, parents, sides, 1, 0)
-        arm_chained(tally, parents, 1, 2, 1)
+    with chained(2) as (tally, parents, sides):
         assert tally.disarm(1)  # (the parent gave call 1 up, or it failed)
         sides[0].answer(1, b"\x01\x01", 0)
         sides[1].answer(1, b"\x01\x01", 0)
@@ -368,5 +365,3 @@ def test_a_disarmed_chained_call_is_never_rung():
         sides[1].answer(3, b"\x01\x01", 0)
         assert sides[0].take_go() is None and sides[1].take_go() is None
         assert tally.disarm(1)
-    finally:
-        close_all(tally, *parents, *sides)
