@@ -61,14 +61,15 @@ class BatchStepper:
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: int | None = None,
-        ahead_reset: bool = False,
+        ahead: range | None = None,
+        last: int = -1,
     ) -> Stepped:
         """Step the whole batch from the input ``inputs()`` makes (actions checked
         already; made only where read), resetting what the step ended when ``reset``. A
-        stepper that overlaps steps may start the next one (``ahead``: its step, whose
-        random actions are drawn already, see :meth:`plan`; ``ahead_reset``: whether it
-        resets what it ends) before returning, when this one went well."""
+        stepper that overlaps steps may start the next ones (``ahead``: the steps after
+        this one whose random actions are drawn already, see :meth:`plan`; ``last``: the
+        rollout's last step, which resets nothing and has nothing after it), each as soon
+        as the one before it went well."""
         env = self.env
         td = await env._step_checked(inputs(), False)
         nxt = td.get("next")
@@ -205,11 +206,11 @@ class _BatchRows(_TimeRows):
             inputs = functools.partial(self._row, t, self._inputs)
             ahead = None
             if self.stepper.overlaps and reset and t + 1 < self.drawn:
-                # the next step's random actions are drawn already: it may start as soon
-                # as this one is back
-                ahead = t + 1
+                # the next steps' random actions are drawn already: each may start as soon
+                # as the one before is back
+                ahead = range(t + 1, self.drawn)
             stepped, nxt, following, mask = await self.stepper.step(
-                inputs, reset, ahead, t + 2 < self.steps
+                inputs, reset, ahead, self.steps - 1
             )
         else:
             self._check_policy_input(td)

@@ -97,9 +97,12 @@ and one hook for backends whose envs read rows shared with the pool's process:
     the env was given up and rebuilt, :class:`~aenv.exceptions.WorkerCrashedError`); a
     cancelled ``wait()`` stops the call's work. ``abandon()`` gives up a call nobody
     will wait for. With ``overlaps_steps``, a caller may overlap consecutive steps: inputs
-    go to one of two banks of rows (``bank``), and ``after=call`` chains the new call to
-    ``call``: the backend sends it the moment ``call`` came back whole (before its caller
-    resumes), else never (``sent`` says which, once ``call`` was waited for).
+    go to one of the banks of rows (``bank``, :data:`~aenv.pool._shm.BANKS` of them, a
+    call chained in the bank after its call's), and ``after=call`` chains the new call to
+    ``call`` (itself maybe a chained call not sent yet): the backend sends it the moment
+    ``call`` came back whole (before its caller resumes), else never (``sent`` says which,
+    once ``call`` was waited for); ``abandon()`` gives up the calls chained after a call
+    with it.
 
 ``overlaps_steps``
     True when ``launch`` chains (``after=``): the envs live in other processes, so nothing

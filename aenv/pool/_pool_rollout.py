@@ -20,6 +20,7 @@ leaves them (the last step is never chained past).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from tensordict import TensorDictBase
 
 from aenv.envs._rollout_batch import BatchStepper, Stepped
 from aenv.pool._backend import Stacked
+from aenv.pool._shm import BANKS
 
 if TYPE_CHECKING:
     from aenv.pool._pool import AsyncEnvPool
@@ -49,8 +51,10 @@ class PoolStepper(BatchStepper):
         self.overlaps = bool(
             backend.overlaps_steps and pool.on_error != "observe" and pool.max_concurrency is None
         )
-        self.bank = 0
-        self.call: Any = None  # the next step, sent ahead (chained to the one before)
+        #: the steps sent ahead, in order: the next one (sent, chained to the one
+        #: before), then those chained to it (each to the one before it), one per bank
+        self.calls: deque[Any] = deque()
+        self.bank = 0  # the bank of the next step started afresh
         self.held = False  # every env marked busy with a call in flight (pool._hold_all)
         #: the random actions' rows and a step's as a TensorDict (see plan); how step
         #: ``t``'s go into a bank (the backend's stager: None until planned, False where
@@ -66,41 +70,41 @@ class PoolStepper(BatchStepper):
         self,
         inputs: Callable[[], TensorDictBase],
         reset: bool,
-        ahead: int | None = None,
-        ahead_reset: bool = False,
+        ahead: range | None = None,
+        last: int = -1,
     ) -> Stepped:
         pool = self.pool
         op = _SMR if reset else "step"
+        calls = self.calls
         # (the input is only made where it is read: a step sent ahead has its inputs in
         # the backend's rows already)
         td = None
-        if self.call is None:
+        if not calls:
             td = inputs()
             pool._check_open()
             pool._check_batch(td)
         if self.overlaps:
             # (the wait inline, not in a coroutine of its own: this runs on every step)
-            call, self.call = self.call, None
-            if call is None:
+            if not calls:
                 assert td is not None
-                call = await self._start(op, td)
+                started = await self._start(op, td)
+                if started is not None:
+                    calls.append(started)
             out = None
-            if call is not None:
-                chained = None
+            if calls:
+                call = calls[0]
                 try:
                     if ahead is not None:
-                        chained = self._chain(_SMR if ahead_reset else "step", ahead, call)
+                        self._chain(ahead, last)
                     out = await pool._wait_call(call, op)
                 except BaseException:
-                    call.abandon()
-                    if chained is not None:
-                        chained.abandon()
-                    self._release()
+                    self._give_up()
                     raise
-                if chained is not None and chained.sent:  # (this step came back whole)
-                    self.call, self.bank = chained, 1 - self.bank
+                calls.popleft()
+                if calls and calls[0].sent:  # (this step came back whole)
+                    self.bank = (calls[-1].bank + 1) % BANKS
                 else:
-                    self._release()
+                    self._give_up()
                 if isinstance(out, list):  # some env failed, or answered pickled
                     out = await pool._batch_faults(op, out, pool._all)  # (nothing chained)
                 else:
@@ -141,19 +145,45 @@ class PoolStepper(BatchStepper):
             self._release()
         return call
 
-    def _chain(self, op: str, t: int, call: Any) -> Any:
-        """Step ``t`` (its random actions drawn) chained to ``call``, in the other bank:
-        its actions staged through the backend's stager (planned at the first step sent
-        ahead), else as a TensorDict of their rows."""
-        backend, bank, timeout = self.pool._backend, 1 - self.bank, self.pool.step_timeout
+    def _chain(self, ahead: range, last: int) -> None:
+        """Send the steps of ``ahead`` (their random actions drawn) not sent yet, each
+        chained to the one before, up to :data:`~aenv.pool._shm.BANKS` steps in flight
+        (each in the bank after the one before's), none past the rollout's ``last`` step
+        (it resets nothing: nothing is chained to it). Each has its actions staged through
+        the backend's stager (planned at the first step sent ahead), else is sent as a
+        TensorDict of their rows."""
+        calls = self.calls
+        t = ahead.start - 2 + len(calls)  # (the step of the last call in flight)
+        end = min(ahead.start - 1 + BANKS, ahead.stop)
+        if t >= end or t >= last:
+            return
+        backend, timeout = self.pool._backend, self.pool.step_timeout
         stage = self.stage
         if stage is None:
             stage = self.stage = backend.stager(self.actions) or False
-        if stage is False:
-            assert self.row is not None
-            return backend.launch(op, self.row(t), timeout, bank=bank, after=call)
-        stage(bank, t)  # type: ignore[operator]
-        return backend.launch(op, None, timeout, bank=bank, after=call)  # type: ignore[arg-type]
+        while t + 1 < end and t < last:
+            t += 1
+            before = calls[-1]
+            op, bank = _SMR if t < last else "step", (before.bank + 1) % BANKS
+            if stage is False:
+                assert self.row is not None
+                call = backend.launch(op, self.row(t), timeout, bank=bank, after=before)
+            else:
+                stage(bank, t)  # type: ignore[operator]
+                call = backend.launch(op, None, timeout, bank=bank, after=before)  # type: ignore[arg-type]
+            if call is None:
+                return
+            calls.append(call)
+
+    def _give_up(self) -> None:
+        """Give up the steps in flight (the first with the ones chained to it) and free
+        the envs."""
+        calls = self.calls
+        if calls:
+            first = calls[0]
+            calls.clear()
+            first.abandon()  # (the calls chained to it with it: see ProcessBackend)
+        self._release()
 
     def _release(self) -> None:
         if self.held:
@@ -161,9 +191,6 @@ class PoolStepper(BatchStepper):
             self.pool._release_all()
 
     def close(self) -> None:
-        """Give up the step sent ahead that nobody will wait for (the rollout ended early:
-        an error, a cancel) and free the envs."""
-        if self.call is not None:
-            call, self.call = self.call, None
-            call.abandon()
-        self._release()
+        """Give up the steps sent ahead that nobody will wait for (the rollout ended
+        early: an error, a cancel) and free the envs."""
+        self._give_up()

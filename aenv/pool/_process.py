@@ -314,9 +314,9 @@ class ProcessBackend(ClosingMixin, Backend):
         #: every worker of the call rung last answered it on its page (no token left)
         self._drained = False
         #: whether the workers ring chained calls (each has every worker's go counter:
-        #: until a worker is started again), and the chained call armed for them
+        #: until a worker is started again), and per bank the chained call armed for them
         self._peer_rings = False
-        self._armed: _Batch | None = None
+        self._armed: dict[int, _Batch] = {}
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -745,8 +745,8 @@ class ProcessBackend(ClosingMixin, Backend):
             if current is not None and current[0] == seq:
                 break
         else:
-            armed = self._armed
-            if armed is not None and armed.seq == seq:
+            armed = self._armed_as(seq)
+            if armed is not None:
                 # a chained call the workers rang, answered over the socket before the
                 # answers of the call before it were taken: those first, then this
                 self._take_answers()
@@ -1097,23 +1097,33 @@ class ProcessBackend(ClosingMixin, Backend):
         lost = self._lost
         return lost.count(None) != len(lost)
 
+    def _armed_as(self, seq: int) -> _Batch | None:
+        """The chained call armed as ``seq``, if any."""
+        for batch in self._armed.values():
+            if batch.seq == seq:
+                return batch
+        return None
+
     def _may_arm(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> bool:
         """Whether the workers may ring ``batch``, chained to ``after``: every env steps
-        in both, on the two banks, ``after`` was rung on every worker, no step timeout (a
+        in both, ``batch`` on the bank after ``after``'s (the one the workers ring after
+        it) with nothing armed there, ``after`` rung on every worker or armed itself (the
+        workers run the chain of armed calls one after the other), no step timeout (a
         timed call goes over the sockets), and nothing waits to be written to a worker's
         socket (the doorbell would overtake it)."""
-        rung = self._rung
-        return (
-            self._peer_rings
-            and step_timeout is None
-            and self._armed is None
-            and after.stepping is None
-            and after.bank != batch.bank
-            and rung is not None
-            and rung[0] == after.seq
-            and len(rung[1]) == len(self._workers)
-            and all(self._rings(w) for w in self._workers)
-        )
+        if (
+            not self._peer_rings
+            or step_timeout is not None
+            or batch.bank in self._armed
+            or after.stepping is not None
+            or batch.bank != (after.bank + 1) % BANKS
+        ):
+            return False
+        if not after.armed:
+            rung = self._rung
+            if rung is None or rung[0] != after.seq or len(rung[1]) != len(self._workers):
+                return False
+        return all(self._rings(w) for w in self._workers)
 
     def _arm(self, after: _Batch, batch: _Batch) -> None:
         """Arm ``batch`` for the last worker of ``after`` to ring when every worker
@@ -1126,7 +1136,7 @@ class ProcessBackend(ClosingMixin, Backend):
         for w in self._workers:
             w.bell.arm(seq, op, bank, carry)  # type: ignore[union-attr]
         batch.armed = True
-        self._armed = batch
+        self._armed[bank] = batch
         self._tally.arm_chain(bank, after.seq, seq)
 
     def _settle(self, batch: _Batch) -> bool:
@@ -1135,7 +1145,7 @@ class ProcessBackend(ClosingMixin, Backend):
         if not batch.armed:
             return False
         batch.armed = False
-        self._armed = None
+        del self._armed[batch.bank]
         assert self._tally is not None
         try:
             if self._tally.disarm(batch.bank):
@@ -1179,7 +1189,8 @@ class ProcessBackend(ClosingMixin, Backend):
             # by the workers rung (each for its envs) and here for the others
             resets = after.reset_flags() if after.op != "step" else None
             carry = (self._stacked[after.bank], resets)  # type: ignore[index]
-            if after.bank == batch.bank:  # (a worker carries from the other bank only)
+            if after.bank != (batch.bank - 1) % BANKS:
+                # (a worker carries from the bank before its call's only)
                 self._stacked[batch.bank].carry(*carry)  # type: ignore[index]
                 carry = None
         try:
@@ -1260,22 +1271,29 @@ class ProcessBackend(ClosingMixin, Backend):
             self._start_timer(batch, step_timeout)
 
     def _give_up(self, batch: _Batch) -> None:
-        """Give up a call (or a chained call) that nobody will finish: its envs' work is
-        cancelled where it can be and their outcomes dropped; a chained call not sent yet
-        never will be."""
+        """Give up a call (or a chained call) that nobody will finish, with the calls
+        chained after it: their envs' work is cancelled where it can be and their
+        outcomes dropped; a chained call not sent yet never will be, and none is left
+        armed."""
         after = batch.after
         if after is not None and after.then is not None:
             after.then = None
-        batch.then = None
-        ahead, batch.ahead = batch.ahead, None
-        if ahead is not None and self._settle(ahead):
-            # (rung by the workers, this call whole: given up with it)
-            self._give_up(ahead)
-        self._settle(batch)
-        if batch.timer is not None:
-            batch.timer.cancel()
-            batch.timer = None
-        self._abandon(batch)
+        chain = []
+        link: _Batch | None = batch
+        while link is not None:
+            link.then = None  # (nothing sent from here on)
+            chain.append(link)
+            ahead, link.ahead = link.ahead, None
+            link = ahead
+        for link in chain:
+            # (in order: a call the workers rang is recorded after the one before it, in
+            # flight, and given up with it below)
+            self._settle(link)
+        for link in chain:
+            if link.timer is not None:
+                link.timer.cancel()
+                link.timer = None
+            self._abandon(link)
 
     def _ring(
         self,
@@ -1491,10 +1509,10 @@ class ProcessBackend(ClosingMixin, Backend):
         w.close_bell()
         # (a worker started again has a doorbell the others do not ring)
         self._peer_rings = False
-        if self._armed is not None:
+        for batch in sorted(self._armed.values(), key=lambda b: b.seq):
             # (armed: taken back, so that no worker rings it on a doorbell that is gone;
             # rung already: in flight, its envs on this worker failed with the others)
-            self._settle(self._armed)
+            self._settle(batch)
         rung = self._rung
         if rung is not None and w in rung[1] and self._tally is not None:
             # it will not finish the call rung on it: finish for it, in case the others

@@ -82,26 +82,24 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 
+from aenv.pool._shm import BANKS
+
 __all__ = ["CARRY_NEXT", "CARRY_RESET", "MAX_PEERS", "OPS", "STEPS", "STEP_BITS", "Bell", "Tally"]
 
 #: op names by their code in the page
 OPS = ("step", "step_and_maybe_reset")
 _CODE = {op: k for k, op in enumerate(OPS)}
 _SEQ = struct.Struct("<q")
-_GO, _OP, _BANK, _ARMED_OP, _ARMED_CARRY, _SENT, _DONE, _ARMED, _MASK = (
-    0,
-    8,
-    9,
-    10,
-    12,
-    16,
-    24,
-    40,
-    64,
-)
+_GO, _OP, _BANK, _SENT, _ARMED_OP, _ARMED_CARRY = 0, 8, 9, 16, 24, 24 + BANKS
+_DONE = 24 + 2 * BANKS + (-2 * BANKS) % 8
+_ARMED = _DONE + 8 * BANKS
+_MASK = _ARMED + 8 * BANKS
 # the pool's page: workers, per bank the call armed after, the call armed and the call rung,
 # then per worker the call last answered whole in the rows
-_WORKERS, _AFTER, _CHAINED, _RUNG, _WHOLE = 0, 8, 24, 40, 56
+_WORKERS, _AFTER = 0, 8
+_CHAINED = _AFTER + 8 * BANKS
+_RUNG = _CHAINED + 8 * BANKS
+_WHOLE = _RUNG + 8 * BANKS
 #: the most workers a chained call is rung by (their go counters travel in one message)
 MAX_PEERS = 240
 #: an env's byte: it steps; before, it carries its input over from the other bank's
@@ -124,7 +122,7 @@ class Tally:
     """A pool's tally of finished workers and its chained calls' arming (see the module
     docstring): the parent's side.
 
-    ``fds``: the done counter's, the tokens', the pool page's and the two banks' chain
+    ``fds``: the done counter's, the tokens', the pool page's and the banks' chain
     counters' descriptors, sent to every worker with its doorbell's.
     """
 
@@ -136,7 +134,7 @@ class Tally:
             fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE))
             fds.append(os.memfd_create("aenv-tally", os.MFD_CLOEXEC))
             os.ftruncate(fds[2], mmap.PAGESIZE)
-            for _ in range(2):
+            for _ in range(BANKS):
                 fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE))
             page = mmap.mmap(fds[2], mmap.PAGESIZE)
         except BaseException:
@@ -144,7 +142,7 @@ class Tally:
             raise
         self.fds = fds
         self.done_fd, self.tokens_fd, self.page_fd = fds[:3]
-        self.chain_fds = fds[3:5]
+        self.chain_fds = fds[3 : 3 + BANKS]
         #: the pool's page (see the module docstring)
         self.page = page
         self._finalizer = weakref.finalize(self, _close, self.fds, page)
@@ -242,7 +240,7 @@ class Bell:
         self, n: int, fds: Sequence[int] | None = None, tally: Tally | None = None
     ) -> None:
         self.n = n
-        size = mmap.PAGESIZE * (1 + (_MASK + 3 * n) // mmap.PAGESIZE)
+        size = mmap.PAGESIZE * (1 + (_MASK + (1 + BANKS) * n) // mmap.PAGESIZE)
         pool = None
         if fds is None:
             assert tally is not None
@@ -263,7 +261,7 @@ class Bell:
         #: what goes to the worker: page, go counter, then the pool's (Tally.fds)
         self.fds = list(fds)
         self.page_fd, self.go_fd, self.done_fd, self.tokens_fd = self.fds[:4]
-        self.chain_fds = self.fds[5:7]
+        self.chain_fds = self.fds[5 : 5 + BANKS]
         self.page = mmap.mmap(self.page_fd, size)
         #: the pool's page (the worker's side)
         self.pool = pool
@@ -273,7 +271,7 @@ class Bell:
         #: the last sequence number taken from the page (go on the worker, done on the parent)
         self.taken = 0
         #: per bank, the last done sequence number taken (the parent's side)
-        self._seen = [0, 0]
+        self._seen = [0] * BANKS
         #: the worker's id and every worker's go counter, its own included (the worker's
         #: side: it rings the chained calls it finds armed, see :meth:`link`)
         self.wid = -1
@@ -326,16 +324,13 @@ class Bell:
         """The oldest completed call not taken yet: its sequence number and one outcome
         byte per env; None when there is none."""
         page, seen = self.page, self._seen
-        first = _SEQ.unpack_from(page, _DONE)[0]
-        second = _SEQ.unpack_from(page, _DONE + 8)[0]
-        if second == seen[1]:
-            if first == seen[0]:
-                return None
-            bank, seq = 0, first
-        elif first == seen[0] or second < first:
-            bank, seq = 1, second
-        else:
-            bank, seq = 0, first
+        bank, seq = -1, 0
+        for b in range(BANKS):
+            done = _SEQ.unpack_from(page, _DONE + 8 * b)[0]
+            if done != seen[b] and (bank < 0 or done < seq):
+                bank, seq = b, done
+        if bank < 0:
+            return None
         seen[bank] = seq
         if seq > self.taken:
             self.taken = seq
@@ -346,7 +341,7 @@ class Bell:
         """The sequence number of the latest call the worker answered (a look at the page:
         nothing is taken, the done counter is left as it is)."""
         page = self.page
-        return int(max(_SEQ.unpack_from(page, _DONE)[0], _SEQ.unpack_from(page, _DONE + 8)[0]))
+        return int(max(_SEQ.unpack_from(page, _DONE + 8 * b)[0] for b in range(BANKS)))
 
     # ------------------------------------------------------------------ worker side
     def link(self, wid: int, peers: list[int]) -> None:
@@ -375,20 +370,27 @@ class Bell:
         pool = self.pool
         if pool is None:
             return None
-        for bank in (0, 1):
-            seq = _SEQ.unpack_from(page, _ARMED + 8 * bank)[0]
-            if seq > self.taken and _SEQ.unpack_from(pool, _RUNG + 8 * bank)[0] == seq:
-                self.taken = seq
-                n = self.n
-                if not page[_ARMED_CARRY + bank]:
-                    return seq, OPS[page[_ARMED_OP + bank]], bank, self._all
-                at = self._res + (1 - bank) * n
-                before = page[at : at + n]  # (the call chained after: its outcomes)
-                flags = self._carry_all
-                if 2 in before:
-                    flags = bytes(STEPS | (CARRY_RESET if o == 2 else CARRY_NEXT) for o in before)
-                return seq, OPS[page[_ARMED_OP + bank]], bank, flags
-        return None
+        bank, seq = -1, 0
+        for b in range(BANKS):  # (the oldest call rung on its bank and not taken)
+            armed = _SEQ.unpack_from(page, _ARMED + 8 * b)[0]
+            if (
+                armed > self.taken
+                and (bank < 0 or armed < seq)
+                and _SEQ.unpack_from(pool, _RUNG + 8 * b)[0] == armed
+            ):
+                bank, seq = b, armed
+        if bank < 0:
+            return None
+        self.taken = seq
+        n = self.n
+        if not page[_ARMED_CARRY + bank]:
+            return seq, OPS[page[_ARMED_OP + bank]], bank, self._all
+        at = self._res + (bank - 1) % BANKS * n
+        before = page[at : at + n]  # (the call chained after: its outcomes)
+        flags = self._carry_all
+        if 2 in before:
+            flags = bytes(STEPS | (CARRY_RESET if o == 2 else CARRY_NEXT) for o in before)
+        return seq, OPS[page[_ARMED_OP + bank]], bank, flags
 
     def answer(self, seq: int, outcomes: bytes, bank: int = 0) -> None:
         """Call ``seq`` on ``bank`` is done, every env's results in the rows: ``outcomes``
@@ -411,7 +413,7 @@ class Bell:
             os.eventfd_read(self.tokens_fd)
         except BlockingIOError:
             if seq and self.peers:
-                self._ring_chained(seq, 1 - bank)
+                self._ring_chained(seq, (bank + 1) % BANKS)
             os.eventfd_write(self.done_fd, 1)
 
     def _ring_chained(self, after: int, bank: int) -> None:

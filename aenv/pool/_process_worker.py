@@ -67,7 +67,7 @@ from aenv.pool._channel import Channel, ChannelClosed
 from aenv.pool._ops import drive, execute, execute_inline, runs_inline, step_rows
 from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, MAX_PEERS, STEP_BITS, Bell
 from aenv.pool._process_support import close_inherited
-from aenv.pool._shm import Slot, carry_blocks, carry_pairs, map_region, map_slots
+from aenv.pool._shm import BANKS, Slot, carry_blocks, carry_pairs, map_region, map_slots
 
 __all__ = ["FAILED", "PICKLED", "SLOT", "pack_failure", "worker_main"]
 
@@ -218,15 +218,16 @@ def worker_main(
             chan.flush_blocking(5.0)
         os._exit(1)
     try:
-        fd, *bell_fds = chan.recv_fds(8 + MAX_PEERS)
+        fd, *bell_fds = chan.recv_fds(6 + BANKS + MAX_PEERS)
         ((_, size, layouts, bank_size, *wid),) = chan.recv_blocking(limit=1)[0]
         flat = map_region(fd, size)
         os.close(fd)
         # (the region's alone: the parent's platform has no doorbell)
-        bell = Bell(len(indices), bell_fds[:7]) if bell_fds else None
-        if bell is not None and len(bell_fds) > 7 and wid:
+        own = 5 + BANKS  # (its page and go counter, then the pool's: Tally.fds)
+        bell = Bell(len(indices), bell_fds[:own]) if bell_fds else None
+        if bell is not None and len(bell_fds) > own and wid:
             # every worker's go counter: it rings the chained calls it finds armed
-            bell.link(wid[0], bell_fds[7:])
+            bell.link(wid[0], bell_fds[own:])
     except (ChannelClosed, OSError, ValueError):
         os._exit(1)
     banks = [
@@ -425,7 +426,8 @@ class _Runtime:
     def _carry_pairs(self, bank: int, i: int) -> list[tuple[Any, Any, Any]]:
         pairs = self.carries.get((bank, i))
         if pairs is None:
-            slots, other = self.banks[bank].get(i), self.banks[1 - bank].get(i)
+            # (from the bank of the call before: the banks go round in turn)
+            slots, other = self.banks[bank].get(i), self.banks[(bank - 1) % BANKS].get(i)
             assert slots is not None and other is not None
             pairs = self.carries[bank, i] = carry_pairs(slots["in"], other["next"], other["reset"])
         return pairs

@@ -57,7 +57,7 @@ __all__ = [
 
 _ALIGN = 64
 #: Copies of the slot layout in a region (bank ``b`` starts at ``b * bank_size``).
-BANKS = 2
+BANKS = 4
 #: Slot kinds: the step input, the step result ("next" content), the reset result.
 KINDS = ("in", "next", "reset")
 

@@ -17,6 +17,7 @@ import pytest
 from aenv import PoolError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
 from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, STEPS, Bell, Tally
+from aenv.pool._shm import BANKS
 from aenv.testing import CountingEnv
 
 pytestmark = [
@@ -365,3 +366,53 @@ def test_a_disarmed_chained_call_is_never_rung():
         sides[1].answer(3, b"\x01\x01", 0)
         assert sides[0].take_go() is None and sides[1].take_go() is None
         assert tally.disarm(1)
+
+
+def test_the_workers_ring_a_chain_of_armed_calls_one_bank_after_another():
+    # calls 2 .. BANKS armed ahead, each after the one before on the next bank: the workers
+    # run them all back to back with no ring of the parent, each carrying from the bank
+    # before its own (where the call before reset an env: from its "reset" row)
+    tally, parents, sides = linked(2)
+    try:
+        run_call(tally, parents, sides, 1, 0)
+        for seq in range(2, BANKS + 1):
+            arm_chained(tally, parents, seq - 1, seq, seq - 1)
+        carry = STEPS | CARRY_NEXT
+        for seq in range(1, BANKS + 1):
+            bank = seq - 1
+            sides[0].answer(seq, b"\x01\x01", bank)
+            sides[1].answer(seq, b"\x02\x01", bank)  # (its first env reset)
+            if seq < BANKS:
+                assert sides[0].take_go() == (seq + 1, "step_and_maybe_reset", seq, bytes([carry]) * 2)
+                assert sides[1].take_go() == (
+                    seq + 1,
+                    "step_and_maybe_reset",
+                    seq,
+                    bytes([STEPS | CARRY_RESET, carry]),
+                )
+        assert sides[0].take_go() is None  # (nothing armed past the last)
+        # one wake-up of the parent takes every call, oldest first; the workers took
+        # every chained call's token (the parent records each as sent)
+        assert rang(tally)
+        tally.take()
+        assert [parents[1].take_done() for _ in range(BANKS)] == [
+            (seq, b"\x02\x01") for seq in range(1, BANKS + 1)
+        ]
+        assert parents[1].take_done() is None
+        assert not any(tally.disarm(bank) for bank in range(1, BANKS))
+    finally:
+        close_all(tally, *parents, *sides)
+
+
+def test_answers_on_the_banks_are_taken_oldest_first_across_the_wrap():
+    # the banks go round: a call on the last bank is older than the next one on bank 0
+    tally, parents, sides = linked(1)
+    try:
+        last = BANKS - 1
+        sides[0].answer(7, b"\x01\x01", last)
+        sides[0].answer(8, b"\x02\x01", 0)
+        assert parents[0].take_done() == (7, b"\x01\x01")
+        assert parents[0].take_done() == (8, b"\x02\x01")
+        assert parents[0].take_done() is None
+    finally:
+        close_all(tally, *parents, *sides)

@@ -1,6 +1,6 @@
 """The process backend's stacked whole-batch path: a whole batch's inputs and results cross
 the shared-memory blocks as one tensor per leaf, and a random-action rollout overlaps its
-steps (two banks of blocks). Everything here is checked for exact equality against the
+steps (banks of blocks taken in turn). Everything here is checked for exact equality against the
 coroutine backend (same seeds, same torch random stream), partial resets inside a batch,
 faults in the middle of a stacked step or rollout included."""
 
@@ -273,8 +273,8 @@ async def test_overlapped_rollout_equals_the_coroutine_backend(monkeypatch):
         assert_same(a, b)
         assert a.names == b.names
     assert torch.equal(expected[-1], got[-1])
-    # the 9 steps alternate banks, the single step uses bank 0; the others follow
-    assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+    # the 9 steps take the banks in turn, the single step uses bank 0; the others follow
+    assert banks[:10] == [k % BANKS for k in range(9)] + [0]
     # each of the 9 steps after the first was sent by the backend as the step before it
     # came back whole, before the rollout resumed
     assert banks.chained[:8] == list(range(1, 9))
@@ -373,7 +373,7 @@ async def test_the_workers_ring_the_chained_steps_of_an_overlapped_rollout(monke
         assert_same(a, b)
     assert torch.equal(expected[-1], got[-1])
     if not per_env:
-        assert banks[:10] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+        assert banks[:10] == [k % BANKS for k in range(9)] + [0]
     assert banks.by_workers >= 1
 
 
@@ -407,8 +407,8 @@ async def test_a_chained_step_answered_over_the_socket_before_the_step_before_wa
     on_done = ProcessBackend._on_done
 
     def drop_armed_wake(self: Any) -> None:
-        if self._armed is not None:
-            dropped.append(self._armed.seq)
+        if self._armed:
+            dropped.extend(batch.seq for batch in self._armed.values())
             self._tally.take()  # (woken, and nothing taken from the pages)
             return
         on_done(self)
@@ -446,8 +446,74 @@ async def test_a_rollout_given_up_leaves_no_chained_step_behind(monkeypatch):
                 await task
             # nothing is left armed: no token a worker could take to ring a step
             backend = pool._backend
-            assert backend._armed is None  # type: ignore[attr-defined]
+            assert not backend._armed  # type: ignore[attr-defined]
             assert not select.select(backend._tally.chain_fds, [], [], 0)[0]  # type: ignore[attr-defined]
+            before = await pool.get_attr("total")
+            await pool.rollout(1, break_when_any_done=False)
+            assert await pool.get_attr("total") == [n + 1 for n in before]
+
+
+def spy_depth(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of chained calls armed after each arming, from now on."""
+    from aenv.pool._process import ProcessBackend
+
+    depths: list[int] = []
+    arm = ProcessBackend._arm
+
+    def spy(self: Any, after: Any, batch: Any) -> None:
+        arm(self, after, batch)
+        depths.append(len(self._armed))
+
+    monkeypatch.setattr(ProcessBackend, "_arm", spy)
+    return depths
+
+
+def assert_nothing_armed(pool: AsyncEnvPool) -> None:
+    """No chained call armed: no token a worker could take to ring one, on any bank."""
+    backend = pool._backend
+    assert not backend._armed  # type: ignore[attr-defined]
+    assert not select.select(backend._tally.chain_fds, [], [], 0)[0]  # type: ignore[attr-defined]
+
+
+async def test_a_failed_step_with_the_steps_after_it_armed_runs_none_of_them(monkeypatch):
+    # steps of a few ms: when env 1 fails its sixth step, the steps after it are armed
+    # on the other banks (the parent arms BANKS - 1 ahead): none is rung, none is left
+    # armed, and the envs are where the plain loop leaves them
+    per_env = {1: {"fail_at": 5}}
+
+    async def run(backend: str) -> tuple[list[int], torch.Tensor]:
+        async with walk_pool(backend, SlowWalkEnv, per_env=per_env) as pool:
+            await pool.set_seed(0)
+            torch.manual_seed(2)
+            with pytest.raises(PoolError) as info:
+                await pool.rollout(12, break_when_any_done=False)
+            assert sorted(info.value.errors) == [1]
+            if backend == "process":
+                assert_nothing_armed(pool)
+            return await pool.get_attr("total"), torch.rand(4)
+
+    totals_c, rand_c = await run("coroutine")
+    depths = spy_depth(monkeypatch)
+    totals_p, rand_p = await run("process")
+    assert max(depths) == BANKS - 1
+    assert totals_p == totals_c == [6, 5, 6, 6]
+    assert torch.equal(rand_p, rand_c)
+
+
+async def test_a_rollout_cancelled_with_every_bank_armed_leaves_nothing_armed(monkeypatch):
+    # cancelled while BANKS - 1 steps are armed ahead of the step in flight: each is
+    # taken back (or, rung already, given up with its envs); after it, a step moves every
+    # env by one
+    async with walk_pool("process", SlowWalkEnv) as pool:
+        await pool.reset()
+        backend = pool._backend
+        for _ in range(3):
+            task = asyncio.ensure_future(pool.rollout(100, break_when_any_done=False))
+            await until(lambda: len(backend._armed) == BANKS - 1)  # type: ignore[attr-defined]
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert_nothing_armed(pool)
             before = await pool.get_attr("total")
             await pool.rollout(1, break_when_any_done=False)
             assert await pool.get_attr("total") == [n + 1 for n in before]
@@ -467,7 +533,7 @@ async def test_a_worker_killed_while_the_workers_ring_the_chained_steps(monkeypa
         with anyio.fail_after(20), pytest.raises(PoolError) as info:
             await task
         assert any(isinstance(e, WorkerCrashedError) for e in info.value.errors.values())
-        assert backend._armed is None and not backend._peer_rings  # type: ignore[attr-defined]
+        assert not backend._armed and not backend._peer_rings  # type: ignore[attr-defined]
         await pool.reset()
         rung = banks.by_workers
         out = await pool.rollout(5, break_when_any_done=False)
