@@ -317,6 +317,10 @@ class ProcessBackend(ClosingMixin, Backend):
         #: until a worker is started again), and per bank the chained call armed for them
         self._peer_rings = False
         self._armed: dict[int, _Batch] = {}
+        #: answers of armed calls the workers rang, taken before the call was recorded
+        #: as rung (the call before it not whole yet here): handled once it is
+        self._parked: dict[int, list[tuple[int, int, Any]]] = {}
+        self._taking = False  # (in _take_answers)
         self._ctx = multiprocessing.get_context(self.start_method)
         self._workers: list[_Worker] = []
         self._of_env: list[_Worker] = []
@@ -660,6 +664,13 @@ class ProcessBackend(ClosingMixin, Backend):
     def _take_answers(self) -> None:
         """Take every answer the workers wrote into their pages since last taken; each is
         handled as the ``"b"`` frame it replaces (results in the rows)."""
+        taking, self._taking = self._taking, True
+        try:
+            self._take_pages()
+        finally:
+            self._taking = taking
+
+    def _take_pages(self) -> None:
         answers = []
         for w in self._workers:
             bell = w.bell
@@ -745,13 +756,13 @@ class ProcessBackend(ClosingMixin, Backend):
             if current is not None and current[0] == seq:
                 break
         else:
-            armed = self._armed_as(seq)
-            if armed is not None:
-                # a chained call the workers rang, answered over the socket before the
-                # answers of the call before it were taken: those first, then this
-                self._take_answers()
-                if armed.sent:
-                    self._on_batch_reply(seq, entries)
+            if self._armed_as(seq) is not None:
+                # a chained call the workers rang, answered before it was recorded as
+                # rung here (the call before it is not whole here yet: some of its answers
+                # are still in the pages, or held by the pass taking them): kept for then
+                self._parked.setdefault(seq, []).extend(entries)
+                if not self._taking:  # (over the socket: the pages are taken first)
+                    self._take_answers()
             return
         batch_of = self._batch_of
         held = batch_of[first[0]]
@@ -1177,6 +1188,9 @@ class ProcessBackend(ClosingMixin, Backend):
         self._drained = False
         self._stacked[batch.bank].partial = False  # type: ignore[index]
         batch.sent = True
+        parked = self._parked.pop(seq, None)
+        if parked is not None:
+            self._on_batch_reply(seq, parked)
 
     def _send_chained(self, after: _Batch, batch: _Batch, step_timeout: float | None) -> None:
         if self._settle(batch):  # (rung by the workers)
@@ -1290,6 +1304,7 @@ class ProcessBackend(ClosingMixin, Backend):
             # flight, and given up with it below)
             self._settle(link)
         for link in chain:
+            self._parked.pop(link.seq, None)
             if link.timer is not None:
                 link.timer.cancel()
                 link.timer = None

@@ -412,29 +412,33 @@ class Bell:
         try:
             os.eventfd_read(self.tokens_fd)
         except BlockingIOError:
-            if seq and self.peers:
-                self._ring_chained(seq, (bank + 1) % BANKS)
+            if seq and self.peers and self._ring_chained(seq, (bank + 1) % BANKS):
+                return  # (the parent is woken by a later call: see _ring_chained)
             os.eventfd_write(self.done_fd, 1)
 
-    def _ring_chained(self, after: int, bank: int) -> None:
+    def _ring_chained(self, after: int, bank: int) -> bool:
         """Ring the call armed on ``bank`` after call ``after`` when every worker answered
-        ``after`` whole and this worker takes its token (see the module docstring)."""
+        ``after`` whole and this worker takes its token (see the module docstring). True
+        when it rang it and another call is armed after that one: the parent need not be
+        woken for ``after`` (the last worker of a later call wakes it, for all of them)."""
         pool = self.pool
         assert pool is not None
         if _SEQ.unpack_from(pool, _AFTER + 8 * bank)[0] != after:
-            return
+            return False
         workers = _SEQ.unpack_from(pool, _WORKERS)[0]
         if workers != len(self.peers):
-            return
+            return False
         for at in range(_WHOLE, _WHOLE + 8 * workers, 8):
             if _SEQ.unpack_from(pool, at)[0] != after:
-                return
+                return False
         try:
             os.eventfd_read(self.chain_fds[bank])
         except BlockingIOError:
-            return  # (disarmed by the parent)
-        _SEQ.pack_into(pool, _RUNG + 8 * bank, _SEQ.unpack_from(pool, _CHAINED + 8 * bank)[0])
+            return False  # (disarmed by the parent)
+        rung = _SEQ.unpack_from(pool, _CHAINED + 8 * bank)[0]
+        _SEQ.pack_into(pool, _RUNG + 8 * bank, rung)
         if workers > 1:
             os.eventfd_write(self.tokens_fd, workers - 1)
         for fd in self.peers:
             os.eventfd_write(fd, 1)
+        return bool(_SEQ.unpack_from(pool, _AFTER + 8 * ((bank + 1) % BANKS))[0] == rung)

@@ -371,7 +371,9 @@ def test_a_disarmed_chained_call_is_never_rung():
 def test_the_workers_ring_a_chain_of_armed_calls_one_bank_after_another():
     # calls 2 .. BANKS armed ahead, each after the one before on the next bank: the workers
     # run them all back to back with no ring of the parent, each carrying from the bank
-    # before its own (where the call before reset an env: from its "reset" row)
+    # before its own (where the call before reset an env: from its "reset" row); the
+    # parent is woken only once the call rung has no call armed after it (for calls
+    # BANKS - 1 and BANKS: it arms more, or takes the last)
     tally, parents, sides = linked(2)
     try:
         run_call(tally, parents, sides, 1, 0)
@@ -382,8 +384,14 @@ def test_the_workers_ring_a_chain_of_armed_calls_one_bank_after_another():
             bank = seq - 1
             sides[0].answer(seq, b"\x01\x01", bank)
             sides[1].answer(seq, b"\x02\x01", bank)  # (its first env reset)
+            assert rang(tally) == (seq >= BANKS - 1)
             if seq < BANKS:
-                assert sides[0].take_go() == (seq + 1, "step_and_maybe_reset", seq, bytes([carry]) * 2)
+                assert sides[0].take_go() == (
+                    seq + 1,
+                    "step_and_maybe_reset",
+                    seq,
+                    bytes([carry]) * 2,
+                )
                 assert sides[1].take_go() == (
                     seq + 1,
                     "step_and_maybe_reset",
@@ -393,7 +401,6 @@ def test_the_workers_ring_a_chain_of_armed_calls_one_bank_after_another():
         assert sides[0].take_go() is None  # (nothing armed past the last)
         # one wake-up of the parent takes every call, oldest first; the workers took
         # every chained call's token (the parent records each as sent)
-        assert rang(tally)
         tally.take()
         assert [parents[1].take_done() for _ in range(BANKS)] == [
             (seq, b"\x02\x01") for seq in range(1, BANKS + 1)
