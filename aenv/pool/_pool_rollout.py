@@ -7,15 +7,18 @@ each whole-batch step through :class:`PoolStepper`: the backend's stacked rows (
 
 On a backend whose whole-batch calls chain (``overlaps_steps``: the envs live in other
 processes and take whole batches stacked), consecutive steps of a random-action rollout that
-goes on through episode ends overlap: step ``t + 1``'s actions (drawn already, a chunk of
-steps at a time, as every rollout draws them) are staged in the other bank while step ``t``
-runs, and the backend sends step ``t + 1`` the moment step ``t`` came back whole, before this
-task resumes to record step ``t`` (the process backend's workers ring it themselves, see
-:mod:`aenv.pool._process_bell`). Nothing in this process draws random numbers or changes
-what the envs do in between, so the rollout equals the plain loop's: the same keys, values
-and resets, the same random draws, the same error at the same step (a failed step chains
-nothing, and the steps before it stay on the error), and the envs left where the plain loop
-leaves them (the last step is never chained past).
+goes on through episode ends overlap: the actions of steps ``t + 1`` to ``t + BANKS - 1``
+(drawn already, a chunk of steps at a time, as every rollout draws them) are staged in the
+other banks (:data:`~aenv.pool._shm.BANKS`, taken in turn) while step ``t`` runs, each step
+chained to the one before it, and the backend sends each the moment the one before came back
+whole, before this task resumes to record that one (the process backend's workers ring them
+themselves, one after the other, see :mod:`aenv.pool._process_bell`); a step's bank is
+staged again once its results were copied into the time rows. Nothing in this process draws
+random numbers or changes what the envs do in between, so the rollout equals the plain
+loop's: the same keys, values and resets, the same random draws, the same error at the same
+step (a failed step chains nothing: the steps chained after it are taken back, and the
+steps before it stay on the error), and the envs left where the plain loop leaves them (the
+last step is never chained past; a rollout given up takes back every step chained ahead).
 """
 
 from __future__ import annotations

@@ -33,10 +33,11 @@ doorbell's page says a frame waits there), sees every command in the order it wa
 chained step of an overlapped rollout, staged with its actions only, has its observation
 and done flags carried over from the step before by the rung workers, each for its own
 envs (the parent carries those of a call sent over the socket). Such a step is armed
-ahead on every worker's doorbell, and the last worker of the step before it rings it there
-once that step came back whole, before the parent is woken to take the step before
+ahead on every worker's doorbell (up to ``BANKS - 1`` of them, each after the one before,
+each on the bank after the one before's), and the last worker of the step before it rings
+it there once that step came back whole, before the parent is woken to take the step before
 (:mod:`aenv.pool._process_bell`); the parent rings it where it armed it too late, and takes
-it back where the step before failed or was given up.
+it back (with every step armed after it) where the step before failed or was given up.
 
 Faults: a worker that dies is seen at once (EOF on its socket); its envs' pending
 operations fail with :class:`~aenv.exceptions.WorkerCrashedError` (exit code or signal

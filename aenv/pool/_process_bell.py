@@ -8,8 +8,8 @@ dearest single item of the parent's batch step). The doorbell carries them inste
 shared page and an ``eventfd`` go counter per worker, and the pool's tally (below).
 
 * go: the parent writes the op, the bank, one byte per env of the worker (whether it steps,
-  and whether it first carries its input's observation and done flags over from the other
-  bank's results: a chained step's, see :meth:`~aenv.pool._shm.StackedBlocks.carry`)
+  and whether it first carries its input's observation and done flags over from the bank
+  before's results: a chained step's, see :meth:`~aenv.pool._shm.StackedBlocks.carry`)
   into the page, then the call's sequence number, then adds 1 to the go counter.
 * frames: after each frame it writes to the worker's socket, the parent writes how many it
   wrote so far into the page. Rung, the worker reads its socket first only when a frame
@@ -18,7 +18,9 @@ shared page and an ``eventfd`` go counter per worker, and the pool's tally (belo
 * done: once every env answered with its results in the rows, the worker writes each
   env's outcome flag (0: not part of it, 1: in the rows, 2: in the rows and reset), then
   the sequence number into its page. Only the last of the call's workers to finish wakes
-  the parent (:class:`Tally`): one wake-up per call, however many workers it rang.
+  the parent (:class:`Tally`): one wake-up per call at most, however many workers it
+  rang (none for a call whose last worker rang a chained call with another armed after
+  it, below).
 
 Everything else (failures, pickled results, streamed batches, cancels, crashes) keeps the
 socket, so a call whose envs do not all answer in the rows comes back as a ``"b"`` frame
@@ -38,7 +40,11 @@ for a worker that died the parent takes its token itself (then reads the pages).
 
 Chained calls (an overlapped rollout's step ``t + 1``, sent the moment step ``t`` came back
 whole: :meth:`~aenv.pool._process.ProcessBackend.launch` with ``after``) may be rung by the
-workers themselves, the parent off the path between the two steps. The parent writes the
+workers themselves, the parent off the path between the two steps. The banks are taken in
+turn (:data:`~aenv.pool._shm.BANKS` of them): a call is chained on the bank after its
+call's, so up to ``BANKS - 1`` calls may be armed ahead of the call in flight, each after
+the one before, and the workers run them one after the other without the parent. The parent
+writes the
 chained call into every worker's page ahead of time (its sequence number, op and whether its
 envs carry, in the area of the call's bank), then arms it: the call after which it is
 chained and its own number into the pool's page, then one token into the bank's chain
@@ -49,25 +55,31 @@ every worker of the pool answered ``t`` on its page with every env's results in 
 takes a token; a failure, a pickled result, an env left out leave it unwritten), and when it
 takes the chain's token: then it puts the call's tally tokens in, writes the number into
 the pool's page as rung on that bank and adds 1 to every worker's go counter (it has all of
-them, its own included), before it wakes the parent for ``t``. The parent, woken, takes the
+them, its own included), before it wakes the parent for ``t``, which it does not where two
+calls are armed after the one it rang (the last worker of a later call wakes the parent,
+while the workers still have a call armed to run, and it takes every call answered since,
+oldest first). The parent, woken,
+takes the
 chain's token back to disarm it (a call that failed, one given up, one the workers did not
 ring because the parent armed it too late): whoever takes the token owns the ring, so the
 call is rung once, by a worker or by the parent, or never. A rung worker takes such a call
 from its page when the pool's page says it was rung on its bank; each env that call ``t``
 reset (its outcome byte on the page) carries from its ``"reset"`` row. Answers are kept per
-bank on the page, so a worker may answer ``t + 1`` before the parent took ``t``.
+bank on the page, so a worker may answer ``t + 1`` (and the calls after it, one per bank)
+before the parent took ``t``; a bank is armed again only once the parent took its call.
 
 Measured on a 2-core machine (see ``benchmarks/RESULTS.md``), an eventfd or a pipe
 wake-up costs about half a socket write, and a shared-memory flag with a short spin before
 sleeping was slower at every cost per step (the spinner takes a core from the workers), so
 the doorbell sleeps at once.
 
-The page: ``<q`` go sequence at 0, op at 8, bank at 9, per bank an armed call's op (10, 11)
-and whether it carries (12, 13), ``<q`` frames sent at 16, per bank ``<q`` done sequence
-(24, 32) and armed sequence (40, 48), then one byte per env of the worker (:data:`STEPS`,
-:data:`CARRY_NEXT`, :data:`CARRY_RESET` bits), then per bank one outcome byte per env. The
-pool's page: ``<q`` workers at 0, per bank ``<q`` armed after (8, 16), armed sequence (24,
-32) and rung (40, 48), then per worker ``<q`` the call it last answered whole in the rows.
+The page: ``<q`` go sequence at 0, op at 8, bank at 9, ``<q`` frames sent at 16, per bank
+an armed call's op (a byte each from 24), then whether it carries (a byte each), then per
+bank ``<q`` done sequence and armed sequence (from the next multiple of 8), then one byte
+per env of the worker (:data:`STEPS`, :data:`CARRY_NEXT`, :data:`CARRY_RESET` bits), then
+per bank one outcome byte per env. The pool's page: ``<q`` workers at 0, per bank ``<q``
+armed after, armed sequence and rung (from 8), then per worker ``<q`` the call it last
+answered whole in the rows.
 The pages' writes are ordered with the counters' by the eventfd syscalls (each takes the
 counter's lock: a worker's answer is seen by whoever takes its token or is woken after it).
 """
@@ -102,7 +114,7 @@ _RUNG = _CHAINED + 8 * BANKS
 _WHOLE = _RUNG + 8 * BANKS
 #: the most workers a chained call is rung by (their go counters travel in one message)
 MAX_PEERS = 240
-#: an env's byte: it steps; before, it carries its input over from the other bank's
+#: an env's byte: it steps; before, it carries its input over from the bank before's
 #: ``"next"`` row, or from its ``"reset"`` row (it was reset)
 STEPS, CARRY_NEXT, CARRY_RESET = 1, 2, 4
 #: a byte of the page, reduced to its :data:`STEPS` bit (``bytes.translate``)
@@ -313,7 +325,7 @@ class Bell:
 
     def arm(self, seq: int, op: str, bank: int, carry: bool) -> None:
         """Write call ``seq`` (every env steps ``op`` on ``bank``; ``carry``: each first
-        carries its input over from the other bank's results) into the page, for a worker
+        carries its input over from the bank before's results) into the page, for a worker
         to ring (see :meth:`Tally.arm_chain`)."""
         page = self.page
         page[_ARMED_OP + bank] = _CODE[op]
@@ -356,7 +368,7 @@ class Bell:
     def take_go(self) -> tuple[int, str, int, bytes] | None:
         """The call rung and not taken yet: sequence number, op, bank, one byte of flags
         per env (see :meth:`ring`); None when there is none (taken already). A chained call
-        a worker rang (see :meth:`arm`) carries each env's input from the other bank's
+        a worker rang (see :meth:`arm`) carries each env's input from the bank before's
         ``"next"`` row, or its ``"reset"`` row where the call before reset it."""
         try:
             os.eventfd_read(self.go_fd)
@@ -419,8 +431,9 @@ class Bell:
     def _ring_chained(self, after: int, bank: int) -> bool:
         """Ring the call armed on ``bank`` after call ``after`` when every worker answered
         ``after`` whole and this worker takes its token (see the module docstring). True
-        when it rang it and another call is armed after that one: the parent need not be
-        woken for ``after`` (the last worker of a later call wakes it, for all of them)."""
+        when it rang it and two more calls are armed after that one: the parent need not
+        be woken for ``after`` (the last worker of a later call wakes it, for all of them,
+        while the workers still have a call armed to run)."""
         pool = self.pool
         assert pool is not None
         if _SEQ.unpack_from(pool, _AFTER + 8 * bank)[0] != after:
@@ -441,4 +454,11 @@ class Bell:
             os.eventfd_write(self.tokens_fd, workers - 1)
         for fd in self.peers:
             os.eventfd_write(fd, 1)
-        return bool(_SEQ.unpack_from(pool, _AFTER + 8 * ((bank + 1) % BANKS))[0] == rung)
+        # (the parent's lead: woken before the workers run out of armed calls, it arms
+        # the next ones while they run the last two)
+        for _ in range(2):
+            bank = (bank + 1) % BANKS
+            if _SEQ.unpack_from(pool, _AFTER + 8 * bank)[0] != rung:
+                return False
+            rung = _SEQ.unpack_from(pool, _CHAINED + 8 * bank)[0]
+        return True

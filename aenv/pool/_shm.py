@@ -14,8 +14,9 @@ in place (:meth:`StackedBlocks.rows`) and copied once by whoever keeps them.
 
 A region holds :data:`BANKS` copies of that layout (banks), one after the other: a
 whole-batch command names the bank it uses, so that while the workers run a step on one
-bank, the parent writes the next step's inputs into the other, and reads the step's results
-once it has sent the next one (see :meth:`~aenv.pool._process.ProcessBackend.launch`).
+bank, the parent writes the next steps' inputs into the others (an overlapped rollout takes
+them in turn, up to ``BANKS - 1`` steps ahead), and reads a step's results once it has
+sent the ones after it (see :meth:`~aenv.pool._process.ProcessBackend.launch`).
 Every other use is bank 0. A bank is a suffix view of the region
 (``flat[b * bank_size:]``) handed to :func:`map_slots` / :func:`map_blocks`.
 
@@ -56,7 +57,10 @@ __all__ = [
 ]
 
 _ALIGN = 64
-#: Copies of the slot layout in a region (bank ``b`` starts at ``b * bank_size``).
+#: Copies of the slot layout in a region (bank ``b`` starts at ``b * bank_size``): the
+#: step in flight and up to ``BANKS - 1`` steps armed after it (an overlapped rollout's:
+#: the workers run them without the parent). 4 measured best on 2 cores (3 and 4 above 2,
+#: see benchmarks/RESULTS.md).
 BANKS = 4
 #: Slot kinds: the step input, the step result ("next" content), the reset result.
 KINDS = ("in", "next", "reset")
@@ -717,7 +721,7 @@ class StackedBlocks:
     def carry(
         self, src: StackedBlocks, resets: list[bool] | None, parts: list[int] | None = None
     ) -> None:
-        """Fill the carried input leaves from the results in ``src`` (the other bank) of
+        """Fill the carried input leaves from the results in ``src`` (the bank before) of
         the step before: each env's ``"next"`` values, or its ``"reset"`` ones where
         ``resets`` flags it (what ``step_mdp`` and the resets make the next input). Only
         the parts ``parts`` (all when None): a worker rung with its share carries the rest
