@@ -294,10 +294,9 @@ class _BatchRows(_TimeRows):
                 np.copyto(rows[row], leaf, where=where)
 
     def _settle(self) -> None:
-        """Put in the reset rows kept aside (before a row is read as a step's input)."""
-        pending, self.pending = self.pending, []
-        for t, mask, given in pending:
-            self._put_resets(t, mask, given)
+        """Put in the reset rows kept aside (before a row is read as a step's input), as
+        at the end of the rollout: one masked copy per carried key for all of them."""
+        self._put_pending(None)
 
     def _leaves(
         self,
@@ -382,19 +381,28 @@ class _BatchRows(_TimeRows):
             self._put_pending(td.get("next"))
         return _time_last(td, len(self.batch), self.batch)
 
-    def _put_pending(self, nxt: TensorDictBase) -> None:
-        """The reset rows kept aside, put in with one masked copy per carried key (the
-        steps' ``"next"`` rows, copied already into ``nxt``, are kept aside from there)."""
+    def _put_pending(self, nxt: TensorDictBase | None) -> None:
+        """The reset rows kept aside, put in with one masked copy per carried key. The
+        steps' ``"next"`` rows they are written over are kept aside from ``nxt`` where they
+        were copied into it already (the rollout's end), else gathered from the rows first
+        (one copy per key for all of them)."""
         pending, self.pending = self.pending, []
         at = np.array([t + 1 for t, _, _ in pending])
         flags = np.stack([mask.numpy() for _, mask, _ in pending])
-        entries = nxt._tensordict  # type: ignore[attr-defined]
+        if nxt is None:
+            # (a fancy index copies: row k of a key's block is step k's "next" row)
+            blocks = [(key, rows[at]) for key, rows in self.shared_np]
+            for k, (t, _, _) in enumerate(pending):
+                self.saved[t] = [(key, block[k]) for key, block in blocks]
         for k, (_, rows, shape, _) in enumerate(self.carried_plan):
             values = np.stack([given[k] for _, _, given in pending])
             block = rows[at]
             where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim + 1))
             np.copyto(block, values, where=where)
             rows[at] = block
+        if nxt is None:
+            return
+        entries = nxt._tensordict  # type: ignore[attr-defined]
         kept = {key: entries[key].numpy() for key, _, _, _ in self.carried_plan}
         for t, _, _ in pending:
             self.saved[t] = [(key, rows[t]) for key, rows in kept.items()]

@@ -676,14 +676,21 @@ class ProcessBackend(ClosingMixin, Backend):
                 if w.bell is None or w.bell.taken != seq:
                     drained = False
             self._drained = drained
-        if len(answers) == 1:
-            w, (seq, outcomes) = answers[0]
-            entries = _answer_entries(w, outcomes)
+        if not answers:
+            return
+        # (one reply per call: the workers rung for it answer together; the common case,
+        # every answer of one call, without sorting)
+        seq = answers[0][1][0]
+        entries: list[tuple[int, int, Any]] = []
+        for w, (at, outcomes) in answers:
+            if at != seq:
+                break
+            entries += _answer_entries(w, outcomes)
+        else:
             if entries:
                 self._on_batch_reply(seq, entries)
             return
-        # (one reply per call: the workers rung for it answer together; a call before the
-        # call chained to it, which the workers rang)
+        # (a call before the call chained to it, which the workers rang)
         replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
             replies[seq] = replies.get(seq, []) + _answer_entries(w, outcomes)

@@ -88,6 +88,8 @@ __all__ = ["CARRY_NEXT", "CARRY_RESET", "MAX_PEERS", "OPS", "STEPS", "STEP_BITS"
 OPS = ("step", "step_and_maybe_reset")
 _CODE = {op: k for k, op in enumerate(OPS)}
 _SEQ = struct.Struct("<q")
+#: the page's two done sequences (banks 0 and 1), read together
+_DONES = struct.Struct("<qq")
 _GO, _OP, _BANK, _ARMED_OP, _ARMED_CARRY, _SENT, _DONE, _ARMED, _MASK = (
     0,
     8,
@@ -326,8 +328,7 @@ class Bell:
         """The oldest completed call not taken yet: its sequence number and one outcome
         byte per env; None when there is none."""
         page, seen = self.page, self._seen
-        first = _SEQ.unpack_from(page, _DONE)[0]
-        second = _SEQ.unpack_from(page, _DONE + 8)[0]
+        first, second = _DONES.unpack_from(page, _DONE)
         if second == seen[1]:
             if first == seen[0]:
                 return None
@@ -345,8 +346,7 @@ class Bell:
     def answered(self) -> int:
         """The sequence number of the latest call the worker answered (a look at the page:
         nothing is taken, the done counter is left as it is)."""
-        page = self.page
-        return int(max(_SEQ.unpack_from(page, _DONE)[0], _SEQ.unpack_from(page, _DONE + 8)[0]))
+        return int(max(_DONES.unpack_from(self.page, _DONE)))
 
     # ------------------------------------------------------------------ worker side
     def link(self, wid: int, peers: list[int]) -> None:
