@@ -14,6 +14,7 @@ stacked rows, overlapping consecutive steps where the backend can.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -127,9 +128,9 @@ class _BatchRows(_TimeRows):
             (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
             for key, leaf in (*after, *rewards.items())
         ]
-        #: id -> (a TensorDict of results, the plan and check it was read with, its
+        #: id -> (a TensorDict of results, the plan and check it was read with, its keys and
         #: planned tensors, their numpy views): see :meth:`_leaves`
-        self.leaf_views: dict[int, tuple[Any, Any, bool, list[tuple[str, Any]], list[Any]]] = {}
+        self.leaf_views: dict[int, tuple[Any, Any, bool, tuple[list[str], list[Any]], list[Any]]] = {}
         if draws is not None:
             stepper.plan(self.action_rows, functools.partial(self._row, keys=self._actions))
         #: the masked resets whose rows are kept aside (step, mask, the reset rows):
@@ -313,21 +314,21 @@ class _BatchRows(_TimeRows):
         cached = self.leaf_views.get(id(td))
         if cached is not None and cached[0] is td and cached[1] is plan and cached[2] is exact:
             entries = td._tensordict  # type: ignore[attr-defined]
-            tensors = cached[3]
-            if not exact or len(entries) == len(tensors):
-                for key, tensor in tensors:
-                    if entries.get(key) is not tensor:
-                        break
-                else:
-                    return cached[4]  # type: ignore[no-any-return]
+            keys, tensors = cached[3]
+            # (the same tensor under each key, compared in C: identity, never values)
+            if (not exact or len(entries) == len(tensors)) and all(
+                map(operator.is_, map(entries.get, keys), tensors)
+            ):
+                return cached[4]  # type: ignore[no-any-return]
         if not (self._fits(td, plan) if exact else self._has_carried(td, plan)):
             return None
         entries = td._tensordict  # type: ignore[attr-defined]
-        tensors = [(key, entries[key]) for key, _, _, _ in plan]
-        leaves = [tensor.numpy() for _, tensor in tensors]
+        keys = [key for key, _, _, _ in plan]
+        tensors = [entries[key] for key in keys]
+        leaves = [tensor.numpy() for tensor in tensors]
         if len(self.leaf_views) >= 8:  # (a pool's two banks; an env's new TensorDicts)
             self.leaf_views.clear()
-        self.leaf_views[id(td)] = (td, plan, exact, tensors, leaves)
+        self.leaf_views[id(td)] = (td, plan, exact, (keys, tensors), leaves)
         return leaves
 
     def _has_carried(self, td: TensorDictBase, plan: list[tuple[str, Any, Any, Any]]) -> bool:
