@@ -1186,10 +1186,9 @@ class ProcessBackend(ClosingMixin, Backend):
         call it rings."""
         seq, n = batch.seq, len(batch.indices)
         current = (seq, batch.op)
-        inflight, batch_of = self._inflight, self._batch_of
-        for i in range(n):
-            inflight[i] = current
-            batch_of[i] = (batch, i)
+        # (every env: one slice write per list)
+        self._inflight[:n] = [current] * n
+        self._batch_of[:n] = zip(itertools.repeat(batch, n), range(n))
         self._rung = (seq, list(self._workers))
         self._drained = False
         self._stacked[batch.bank].partial = False  # type: ignore[index]
