@@ -130,7 +130,9 @@ class _BatchRows(_TimeRows):
         ]
         #: id -> (a TensorDict of results, the plan and check it was read with, its keys and
         #: planned tensors, their numpy views): see :meth:`_leaves`
-        self.leaf_views: dict[int, tuple[Any, Any, bool, tuple[list[str], list[Any]], list[Any]]] = {}
+        self.leaf_views: dict[
+            int, tuple[Any, Any, bool, tuple[list[str], list[Any]], list[Any]]
+        ] = {}
         if draws is not None:
             stepper.plan(self.action_rows, functools.partial(self._row, keys=self._actions))
         #: the masked resets whose rows are kept aside (step, mask, the reset rows):

@@ -781,7 +781,8 @@ class ProcessBackend(ClosingMixin, Backend):
             ):
                 # (a run of envs all waiting for the call, in order, as the pages answer:
                 # one slice write per list)
-                inflight[start:stop] = batch_of[start:stop] = [None] * n
+                inflight[start:stop] = [None] * n
+                batch_of[start:stop] = [None] * n
                 outcomes[start:stop] = entries
                 batch.stray += n - list(map(_CODE_OF, entries)).count(SLOT)
                 batch.took(n)
