@@ -14,6 +14,7 @@ stacked rows, overlapping consecutive steps where the backend can.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,11 @@ class _BatchRows(_TimeRows):
             (key, leaf.numpy(), leaf.shape[1:], leaf.dtype)
             for key, leaf in (*after, *rewards.items())
         ]
-        #: id -> (a TensorDict of results, the plan and check it was read with, its
+        #: id -> (a TensorDict of results, the plan and check it was read with, its keys and
         #: planned tensors, their numpy views): see :meth:`_leaves`
-        self.leaf_views: dict[int, tuple[Any, Any, bool, list[tuple[str, Any]], list[Any]]] = {}
+        self.leaf_views: dict[
+            int, tuple[Any, Any, bool, tuple[list[str], list[Any]], list[Any]]
+        ] = {}
         if draws is not None:
             stepper.plan(self.action_rows, functools.partial(self._row, keys=self._actions))
         #: the masked resets whose rows are kept aside (step, mask, the reset rows):
@@ -295,10 +298,9 @@ class _BatchRows(_TimeRows):
                 np.copyto(rows[row], leaf, where=where)
 
     def _settle(self) -> None:
-        """Put in the reset rows kept aside (before a row is read as a step's input)."""
-        pending, self.pending = self.pending, []
-        for t, mask, given in pending:
-            self._put_resets(t, mask, given)
+        """Put in the reset rows kept aside (before a row is read as a step's input), as
+        at the end of the rollout: one masked copy per carried key for all of them."""
+        self._put_pending(None)
 
     def _leaves(
         self,
@@ -315,21 +317,21 @@ class _BatchRows(_TimeRows):
         cached = self.leaf_views.get(id(td))
         if cached is not None and cached[0] is td and cached[1] is plan and cached[2] is exact:
             entries = td._tensordict  # type: ignore[attr-defined]
-            tensors = cached[3]
-            if not exact or len(entries) == len(tensors):
-                for key, tensor in tensors:
-                    if entries.get(key) is not tensor:
-                        break
-                else:
-                    return cached[4]  # type: ignore[no-any-return]
+            keys, tensors = cached[3]
+            # (the same tensor under each key, compared in C: identity, never values)
+            if (not exact or len(entries) == len(tensors)) and all(
+                map(operator.is_, map(entries.get, keys), tensors)
+            ):
+                return cached[4]  # type: ignore[no-any-return]
         if not (self._fits(td, plan) if exact else self._has_carried(td, plan)):
             return None
         entries = td._tensordict  # type: ignore[attr-defined]
-        tensors = [(key, entries[key]) for key, _, _, _ in plan]
-        leaves = [tensor.numpy() for _, tensor in tensors]
+        keys = [key for key, _, _, _ in plan]
+        tensors = [entries[key] for key in keys]
+        leaves = [tensor.numpy() for tensor in tensors]
         if len(self.leaf_views) >= 8:  # (a pool's two banks; an env's new TensorDicts)
             self.leaf_views.clear()
-        self.leaf_views[id(td)] = (td, plan, exact, tensors, leaves)
+        self.leaf_views[id(td)] = (td, plan, exact, (keys, tensors), leaves)
         return leaves
 
     def _has_carried(self, td: TensorDictBase, plan: list[tuple[str, Any, Any, Any]]) -> bool:
@@ -383,19 +385,28 @@ class _BatchRows(_TimeRows):
             self._put_pending(td.get("next"))
         return _time_last(td, len(self.batch), self.batch)
 
-    def _put_pending(self, nxt: TensorDictBase) -> None:
-        """The reset rows kept aside, put in with one masked copy per carried key (the
-        steps' ``"next"`` rows, copied already into ``nxt``, are kept aside from there)."""
+    def _put_pending(self, nxt: TensorDictBase | None) -> None:
+        """The reset rows kept aside, put in with one masked copy per carried key. The
+        steps' ``"next"`` rows they are written over are kept aside from ``nxt`` where they
+        were copied into it already (the rollout's end), else gathered from the rows first
+        (one copy per key for all of them)."""
         pending, self.pending = self.pending, []
         at = np.array([t + 1 for t, _, _ in pending])
         flags = np.stack([mask.numpy() for _, mask, _ in pending])
-        entries = nxt._tensordict  # type: ignore[attr-defined]
+        if nxt is None:
+            # (a fancy index copies: row k of a key's block is step k's "next" row)
+            blocks = [(key, rows[at]) for key, rows in self.shared_np]
+            for k, (t, _, _) in enumerate(pending):
+                self.saved[t] = [(key, block[k]) for key, block in blocks]
         for k, (_, rows, shape, _) in enumerate(self.carried_plan):
             values = np.stack([given[k] for _, _, given in pending])
             block = rows[at]
             where = flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim + 1))
             np.copyto(block, values, where=where)
             rows[at] = block
+        if nxt is None:
+            return
+        entries = nxt._tensordict  # type: ignore[attr-defined]
         kept = {key: entries[key].numpy() for key, _, _, _ in self.carried_plan}
         for t, _, _ in pending:
             self.saved[t] = [(key, rows[t]) for key, rows in kept.items()]

@@ -55,6 +55,7 @@ import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import pickle
 import signal
@@ -118,6 +119,8 @@ _SLOT_OPS = frozenset(("step", "step_and_maybe_reset"))
 _TIMED_OPS = frozenset(("step", "reset", "step_and_maybe_reset"))
 #: what an env with no call in flight compares as (no sequence number matches it)
 _GONE = (None, None)
+#: an answer entry's env, code and data (a result in the rows: whether the step reset it)
+_ENV_OF, _CODE_OF, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 class _Flags(dict[int, bytes]):
@@ -168,6 +171,7 @@ class _Batch(BatchCall):
         "sent",
         "seq",
         "stepping",
+        "stray",
         "then",
         "timer",
     )
@@ -194,6 +198,8 @@ class _Batch(BatchCall):
         #: which envs the step reset (see :meth:`in_blocks`, :meth:`reset_flags`)
         self.blocks: bool | None = None
         self.resets: list[bool] | None = None
+        #: how many outcomes are not results in the blocks (decoded, failed, pickled)
+        self.stray = 0
         #: a masked stacked call: the envs it steps, in the caller's order (None: every env)
         self.picked: Sequence[int] | None = None
         self.stepping: frozenset[int] | None = None
@@ -218,24 +224,23 @@ class _Batch(BatchCall):
         complete: looked at once, by the call chained to it and by its waiter)."""
         blocks = self.blocks
         if blocks is None:
-            blocks = True
-            for outcome in self.outcomes:
-                if type(outcome) is not tuple or outcome[1] != SLOT:
-                    blocks = False
-                    break
-            if not self.left:
-                self.blocks = blocks
+            if self.left:
+                return False
+            blocks = self.blocks = not self.stray
         return blocks
 
     def reset_flags(self) -> list[bool]:
         """Per env, whether the step reset it (a stacked call complete in the blocks)."""
         resets = self.resets
         if resets is None:
-            resets = self.resets = [bool(o[2]) for o in self.outcomes]
+            # (every outcome an ``(env, SLOT, reset)`` entry: see in_blocks)
+            resets = self.resets = list(map(bool, map(_THIRD, self.outcomes)))
         return resets
 
     def store(self, pos: int, outcome: Any) -> None:
+        """An env's outcome (decoded, or a failure: not in the blocks)."""
         self.outcomes[pos] = outcome
+        self.stray += 1
         self.took(1)
 
     def took(self, n: int) -> None:
@@ -688,14 +693,21 @@ class ProcessBackend(ClosingMixin, Backend):
                 if w.bell is None or w.bell.taken != seq:
                     drained = False
             self._drained = drained
-        if len(answers) == 1:
-            w, (seq, outcomes) = answers[0]
-            entries = _answer_entries(w, outcomes)
+        if not answers:
+            return
+        # (one reply per call: the workers rung for it answer together; the common case,
+        # every answer of one call, without sorting)
+        seq = answers[0][1][0]
+        entries: list[tuple[int, int, Any]] = []
+        for w, (at, outcomes) in answers:
+            if at != seq:
+                break
+            entries += _answer_entries(w, outcomes)
+        else:
             if entries:
                 self._on_batch_reply(seq, entries)
             return
-        # (one reply per call: the workers rung for it answer together; a call before the
-        # call chained to it, which the workers rang)
+        # (a call before the call chained to it, which the workers rang)
         replies: dict[int, list[tuple[int, int, Any]]] = {}
         for w, (seq, outcomes) in answers:
             replies[seq] = replies.get(seq, []) + _answer_entries(w, outcomes)
@@ -773,6 +785,20 @@ class ProcessBackend(ClosingMixin, Backend):
             # are in
             batch = held[0]
             outcomes = batch.outcomes
+            n = len(entries)
+            start = entries[0][0]
+            stop = start + n
+            if inflight[start:stop].count(current) == n and list(map(_ENV_OF, entries)) == list(
+                range(start, stop)
+            ):
+                # (a run of envs all waiting for the call, in order, as the pages answer:
+                # one slice write per list)
+                inflight[start:stop] = [None] * n
+                batch_of[start:stop] = [None] * n
+                outcomes[start:stop] = entries
+                batch.stray += n - list(map(_CODE_OF, entries)).count(SLOT)
+                batch.took(n)
+                return
             n = 0
             for entry in entries:
                 i = entry[0]
@@ -780,6 +806,8 @@ class ProcessBackend(ClosingMixin, Backend):
                     inflight[i] = None
                     batch_of[i] = None
                     outcomes[i] = entry
+                    if entry[1] != SLOT:
+                        batch.stray += 1
                     n += 1
             batch.took(n)
             return
@@ -1181,10 +1209,9 @@ class ProcessBackend(ClosingMixin, Backend):
         call it rings."""
         seq, n = batch.seq, len(batch.indices)
         current = (seq, batch.op)
-        inflight, batch_of = self._inflight, self._batch_of
-        for i in range(n):
-            inflight[i] = current
-            batch_of[i] = (batch, i)
+        # (every env: one slice write per list)
+        self._inflight[:n] = [current] * n
+        self._batch_of[:n] = zip(itertools.repeat(batch, n), range(n))
         self._rung = (seq, list(self._workers))
         self._drained = False
         self._stacked[batch.bank].partial = False  # type: ignore[index]

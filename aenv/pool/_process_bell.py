@@ -106,6 +106,8 @@ _GO, _OP, _BANK, _SENT, _ARMED_OP, _ARMED_CARRY = 0, 8, 9, 16, 24, 24 + BANKS
 _DONE = 24 + 2 * BANKS + (-2 * BANKS) % 8
 _ARMED = _DONE + 8 * BANKS
 _MASK = _ARMED + 8 * BANKS
+#: the page's done sequences, one per bank, read together
+_DONES = struct.Struct(f"<{BANKS}q")
 # the pool's page: workers, per bank the call armed after, the call armed and the call rung,
 # then per worker the call last answered whole in the rows
 _WORKERS, _AFTER = 0, 8
@@ -337,8 +339,7 @@ class Bell:
         byte per env; None when there is none."""
         page, seen = self.page, self._seen
         bank, seq = -1, 0
-        for b in range(BANKS):
-            done = _SEQ.unpack_from(page, _DONE + 8 * b)[0]
+        for b, done in enumerate(_DONES.unpack_from(page, _DONE)):
             if done != seen[b] and (bank < 0 or done < seq):
                 bank, seq = b, done
         if bank < 0:
@@ -353,7 +354,7 @@ class Bell:
         """The sequence number of the latest call the worker answered (a look at the page:
         nothing is taken, the done counter is left as it is)."""
         page = self.page
-        return int(max(_SEQ.unpack_from(page, _DONE + 8 * b)[0] for b in range(BANKS)))
+        return int(max(_DONES.unpack_from(page, _DONE)))
 
     # ------------------------------------------------------------------ worker side
     def link(self, wid: int, peers: list[int]) -> None:
