@@ -1188,7 +1188,7 @@ class ProcessBackend(ClosingMixin, Backend):
         del self._armed[batch.bank]
         assert self._tally is not None
         try:
-            if self._tally.disarm(batch.bank):
+            if self._tally.disarm(batch.bank, self._all_alive):
                 return False
         except OSError:  # (closed with the pool: its workers ring nothing more)
             return False
@@ -1203,6 +1203,10 @@ class ProcessBackend(ClosingMixin, Backend):
             return True
         self._record_rung(batch)
         return True
+
+    def _all_alive(self) -> bool:
+        """Whether every worker's process still runs (see :meth:`Tally.disarm`)."""
+        return all(w.proc is None or w.proc.exitcode is None for w in self._workers)
 
     def _record_rung(self, batch: _Batch) -> None:
         """A chained call the workers rang: in flight, as :meth:`_send_stacked` leaves a

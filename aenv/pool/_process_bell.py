@@ -91,6 +91,7 @@ import contextlib
 import mmap
 import os
 import struct
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -228,15 +229,34 @@ class Tally:
         _SEQ.pack_into(page, _AFTER + 8 * bank, after)
         os.eventfd_write(self.chain_fds[bank], 1)
 
-    def disarm(self, bank: int) -> bool:
+    def disarm(self, bank: int, alive: Callable[[], bool] | None = None) -> bool:
         """Take the call armed on ``bank`` back: True when it was still armed (it will not
-        be rung by a worker), False when a worker took it (it rang it)."""
-        try:
-            os.eventfd_read(self.chain_fds[bank])
-        except BlockingIOError:
-            return False
-        _SEQ.pack_into(self.page, _AFTER + 8 * bank, 0)
-        return True
+        be rung by a worker), False when a worker rang it.
+
+        A worker that took the token and has not yet marked the call rung (or handed the
+        token back: it was a later arm's, see :meth:`Bell._ring_chained`) holds it for a
+        few instructions; the parent waits for either, yielding the CPU, as long as
+        ``alive()`` says every worker lives (a worker dead with the token rang the call or
+        not: either way its death fails the calls in flight)."""
+        fd, page = self.chain_fds[bank], self.page
+        seq = _SEQ.unpack_from(page, _CHAINED + 8 * bank)[0]
+        tries = 0
+        while True:
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                if _SEQ.unpack_from(page, _RUNG + 8 * bank)[0] == seq:
+                    return False
+            else:
+                _SEQ.pack_into(page, _AFTER + 8 * bank, 0)
+                return True
+            tries += 1
+            if tries < 64:
+                os.sched_yield()
+                continue
+            if alive is not None and not alive():
+                return False
+            time.sleep(0.0002)
 
 
 class Bell:
@@ -445,10 +465,16 @@ class Bell:
         for at in range(_WHOLE, _WHOLE + 8 * workers, 8):
             if _SEQ.unpack_from(pool, at)[0] != after:
                 return False
+        fd = self.chain_fds[bank]
         try:
-            os.eventfd_read(self.chain_fds[bank])
+            os.eventfd_read(fd)
         except BlockingIOError:
             return False  # (disarmed by the parent)
+        if _SEQ.unpack_from(pool, _AFTER + 8 * bank)[0] != after:
+            # the token of a call armed since the look above (the one this worker saw was
+            # taken back, a stall of this worker ago): not this call's to ring, handed back
+            os.eventfd_write(fd, 1)
+            return False
         rung = _SEQ.unpack_from(pool, _CHAINED + 8 * bank)[0]
         _SEQ.pack_into(pool, _RUNG + 8 * bank, rung)
         if workers > 1:

@@ -16,7 +16,16 @@ import pytest
 
 from aenv import PoolError, WorkerCrashedError
 from aenv.pool import ProcessorAsyncEnvPool
-from aenv.pool._process_bell import CARRY_NEXT, CARRY_RESET, STEP_BITS, STEPS, Bell, Tally
+from aenv.pool._process_bell import (
+    _RUNG,
+    _SEQ,
+    CARRY_NEXT,
+    CARRY_RESET,
+    STEP_BITS,
+    STEPS,
+    Bell,
+    Tally,
+)
 from aenv.pool._shm import BANKS
 from aenv.testing import CountingEnv
 
@@ -53,8 +62,8 @@ class Rings:
         self.by_workers = 0  # chained calls the workers rang (the parent's disarm failed)
         disarm = tally.disarm
 
-        def spy_disarm(bank: int) -> bool:
-            armed = disarm(bank)
+        def spy_disarm(bank: int, alive: Any = None) -> bool:
+            armed = disarm(bank, alive)
             self.by_workers += not armed
             return armed
 
@@ -424,3 +433,57 @@ def test_answers_on_the_banks_are_taken_oldest_first_across_the_wrap():
         assert parents[0].take_done() is None
     finally:
         close_all(tally, *parents, *sides)
+
+
+def test_a_stalled_last_worker_hands_back_the_token_of_a_call_armed_since():
+    # the last worker of call 1 sees call 2 armed after it, then stalls before it takes
+    # the chain's token; meanwhile the parent takes call 2 back (call 1 given up) and
+    # arms call 4 after call 3 on the same bank. The token the worker then takes is call
+    # 4's: it must not ring call 4 (call 3 is not whole), and hands the token back
+    with chained(2) as (tally, parents, sides):
+        stalled = sides[1].chain_fds[1]
+        real_read = os.eventfd_read
+        armed_since = []
+
+        def read(fd: int) -> int:
+            if fd == stalled and not armed_since:
+                assert tally.disarm(1)  # (the parent takes call 2 back)
+                arm_chained(tally, parents, 3, 4, 1)
+                armed_since.append(4)
+            return real_read(fd)
+
+        sides[0].answer(1, b"\x01\x01", 0)
+        os.eventfd_read = read  # type: ignore[assignment]
+        try:
+            sides[1].answer(1, b"\x01\x01", 0)
+        finally:
+            os.eventfd_read = real_read
+        assert armed_since == [4]
+        assert sides[0].take_go() is None and sides[1].take_go() is None
+        assert rang(tally)  # (the parent is woken for call 1, as for any call)
+        assert tally.disarm(1)  # call 4 is still the parent's: it was never rung
+
+
+@pytest.mark.parametrize("worker", ["rings", "hands back", "dies"])
+def test_the_parent_waits_for_a_worker_holding_the_chain_token(worker):
+    # a worker took call 2's token and has not yet marked it rung (or handed it back):
+    # the parent's disarm waits for the one or the other instead of guessing; ``alive``,
+    # which it asks while it waits, is where the worker finishes here
+    with chained(2) as (tally, _, sides):
+        os.eventfd_read(sides[1].chain_fds[1])  # (the worker's take)
+        asked = []
+
+        def alive() -> bool:
+            asked.append(1)
+            if worker == "rings":
+                # (what the worker writes once it owns the ring: call 2 rung on bank 1)
+                _SEQ.pack_into(tally.page, _RUNG + 8, 2)
+            elif worker == "hands back":
+                os.eventfd_write(sides[1].chain_fds[1], 1)
+            return worker != "dies"
+
+        taken_back = tally.disarm(1, alive)
+        assert asked  # it waited
+        # rung by the worker, or dead with the token: not the parent's to ring; handed
+        # back: the parent's
+        assert taken_back is (worker == "hands back")
