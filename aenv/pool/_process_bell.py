@@ -58,11 +58,14 @@ the pool's page as rung on that bank and adds 1 to every worker's go counter (it
 them, its own included), before it wakes the parent for ``t``, which it does not where two
 calls are armed after the one it rang (the last worker of a later call wakes the parent,
 while the workers still have a call armed to run, and it takes every call answered since,
-oldest first). The parent, woken,
-takes the
-chain's token back to disarm it (a call that failed, one given up, one the workers did not
-ring because the parent armed it too late): whoever takes the token owns the ring, so the
-call is rung once, by a worker or by the parent, or never. A rung worker takes such a call
+oldest first). The parent, woken, takes the chain's token back to disarm it (a call that
+failed, one given up, one the workers did not ring because the parent armed it too late):
+whoever takes the token owns the ring, so the call is rung once, by a worker or by the
+parent, or never. A worker looks at the pool's page again once it holds the token: a worker
+stalled since its first look may take the token of a call armed after another call since
+(the one it saw was taken back), and hands it back. The parent that finds no token waits
+for the call marked rung or the token back (a worker holds it a few instructions), as long
+as every worker lives. A rung worker takes such a call
 from its page when the pool's page says it was rung on its bank; each env that call ``t``
 reset (its outcome byte on the page) carries from its ``"reset"`` row. Answers are kept per
 bank on the page, so a worker may answer ``t + 1`` (and the calls after it, one per bank)
