@@ -329,7 +329,9 @@ class _BatchRows(_TimeRows):
         keys = [key for key, _, _, _ in plan]
         tensors = [entries[key] for key in keys]
         leaves = [tensor.numpy() for tensor in tensors]
-        if len(self.leaf_views) >= 8:  # (a pool's two banks; an env's new TensorDicts)
+        # (a process pool's banks give 8: each bank's results and resets, aenv.pool._shm's
+        # BANKS = 4; an env's new TensorDicts come and go)
+        if len(self.leaf_views) >= 16:
             self.leaf_views.clear()
         self.leaf_views[id(td)] = (td, plan, exact, (keys, tensors), leaves)
         return leaves

@@ -44,9 +44,8 @@ workers themselves, the parent off the path between the two steps. The banks are
 turn (:data:`~aenv.pool._shm.BANKS` of them): a call is chained on the bank after its
 call's, so up to ``BANKS - 1`` calls may be armed ahead of the call in flight, each after
 the one before, and the workers run them one after the other without the parent. The parent
-writes the
-chained call into every worker's page ahead of time (its sequence number, op and whether its
-envs carry, in the area of the call's bank), then arms it: the call after which it is
+writes the chained call into every worker's page ahead of time (its sequence number, op and
+whether its envs carry, in the area of the call's bank), then arms it: the call after which it is
 chained and its own number into the pool's page, then one token into the bank's chain
 counter (an ``eventfd`` in semaphore mode). The last worker of call ``t`` (the one that
 finds no tally token) rings the chained call when ``t`` was the call it is armed after and

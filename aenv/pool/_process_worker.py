@@ -8,8 +8,9 @@ high-latency envs busy. Results go back batched per loop turn, tensors through t
 Protocol (every frame is a list of tuples; see :mod:`aenv.pool._process` for the parent):
 
 * parent -> worker: ``("slots", region_size, layouts, bank_size[, wid])`` once (after the
-  region's and doorbell's descriptors; ``wid`` where it was sent every worker's go counter), ``("op", env, seq, op, data)`` (``data`` None: the input is in the
-  env's ``"in"`` slot, or for a reset, no input and no keyword; else the pickled payload),
+  region's and doorbell's descriptors; ``wid`` where it was sent every worker's go
+  counter), ``("op", env, seq, op, data)`` (``data`` None: the input is in the env's
+  ``"in"`` slot, or for a reset, no input and no keyword; else the pickled payload),
   ``("batch", seq, op, [(env, data), ...], stream[, bank])`` (one whole-batch call's share
   of this worker: one ``op`` per env, all under one ``seq``, its slots those of ``bank``,
   default 0; see :mod:`aenv.pool._shm`), ``("cancel", env, seq)``,
