@@ -210,6 +210,10 @@ def carry(src: TensorDictBase, dst: TensorDictBase, tree: ExclusionTree) -> None
             dst.set(key, value)
 
 
+#: the entry types :func:`fast_step_mdp` passes on as they are (no isinstance check)
+_LEAVES = frozenset({torch.Tensor, NonTensorData})
+
+
 def fast_step_mdp(
     tensordict: TensorDictBase,
     next_tensordict: TensorDictBase,
@@ -231,12 +235,8 @@ def fast_step_mdp(
     for key, value in next_tensordict._tensordict.items():
         if key in drop_next:
             continue
-        kind = type(value)  # (tensors and text skip the isinstance: µs a step)
-        if (
-            kind is not torch.Tensor
-            and kind is not NonTensorData
-            and isinstance(value, TensorDictBase)
-        ):
+        # (tensors and text skip the isinstance: µs a step)
+        if type(value) not in _LEAVES and isinstance(value, TensorDictBase):
             prev = root.get(key)
             value = value.clone(False)
             if prev is not None and prev is not next_tensordict._tensordict[key]:
@@ -247,12 +247,7 @@ def fast_step_mdp(
     for key, value in root.items():
         if key in drop_root or key in out:
             continue
-        kind = type(value)
-        if (
-            kind is not torch.Tensor
-            and kind is not NonTensorData
-            and isinstance(value, TensorDictBase)
-        ):
+        if type(value) not in _LEAVES and isinstance(value, TensorDictBase):
             value = value.copy()
         out[key] = value
     return TensorDict._new_unsafe(
