@@ -167,6 +167,12 @@ class EpisodeStream:
         self._done_flags = [
             (k, names.index(unravel(k)[-1])) for k in pool.done_keys if unravel(k)[-1] in names
         ]
+        # the done flags alone, when every level with flags has one: a step's output is
+        # completed (each level's done is its terminated or truncated), so when none is
+        # set no other flag is either (most turns: two reads fewer); else empty
+        levels = {unravel(k)[:-1] for k, _ in self._done_flags}
+        done_only = [(k, which) for k, which in self._done_flags if which == 0]
+        self._done_only = done_only if {unravel(k)[:-1] for k, _ in done_only} == levels else []
 
     async def __aenter__(self) -> EpisodeStream:
         send, self._receive = anyio.create_memory_object_stream[Episode | Group](math.inf)
@@ -338,6 +344,13 @@ class EpisodeStream:
         """Whether any done, terminated and truncated flag is set, read with ``get`` (a
         :func:`~aenv._mdp.getter` of a step's ``"next"``)."""
         flags = [False, False, False]
+        if self._done_only:
+            for key, _ in self._done_only:
+                value = get(key)
+                if value is None or any_true(value):
+                    break  # (a level done, or no flag: every flag is read below)
+            else:
+                return flags  # no level done: none terminated or truncated (see __init__)
         for key, which in self._done_flags:
             if not flags[which]:
                 value = get(key)

@@ -281,3 +281,32 @@ async def test_policy_returning_tensor_actions():
         (ep,) = [item async for item in stream]
     assert ep.done_reason == "error" and ep.error.type == "TypeError"
     assert "dict of actions by key" in ep.error.message
+
+
+async def test_turn_flags_read_done_first_and_every_flag_without_it():
+    """A completed step's done is its terminated or truncated: when it is not set the other
+    flags are not read; a step without a done flag has every flag read."""
+    pool = AsyncEnvPool([partial(GuessTextEnv, max_steps=2)])
+    async with pool:
+        stream = run_episodes(pool, policy, PROMPTS)
+        no, yes = torch.zeros(1, dtype=torch.bool), torch.ones(1, dtype=torch.bool)
+        read: list[str] = []
+
+        def reader(entries):
+            def get(key):
+                read.append(key)
+                return entries.get(key)
+
+            return get
+
+        assert stream._flags(reader({"done": no, "terminated": no, "truncated": no})) == [
+            False,
+            False,
+            False,
+        ]
+        assert read == ["done"]
+        flags = stream._flags(reader({"done": yes, "terminated": no, "truncated": yes}))
+        assert flags == [True, False, True]
+        read.clear()
+        assert stream._flags(reader({"truncated": yes})) == [False, False, True]
+        assert sorted(read) == ["done", "done", "terminated", "truncated"]
