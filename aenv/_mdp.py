@@ -234,10 +234,11 @@ def _check_undeclared(get: Any, prefix: tuple[str, ...], names: list[str]) -> No
 
 
 def _fill_false(sub: TensorDictBase, names: list[str], zero: torch.Tensor) -> bool:
-    """Write a copy of ``zero`` as each declared flag of a level that has none (what the
-    completion below gives it, in the same order), straight into the entry dict of an
-    unlocked plain TensorDict that ``zero`` fits (as :func:`put` checks, once for the three
-    entries). False, writing nothing, for any other tensordict."""
+    """Write a fresh False tensor like ``zero`` (``zeros_like``: a µs less than a clone, every
+    reset) as each declared flag of a level that has none (what the completion below gives
+    it, in the same order), straight into the entry dict of an unlocked plain TensorDict
+    that ``zero`` fits (as :func:`put` checks, once for the three entries). False, writing
+    nothing, for any other tensordict."""
     if type(sub) is not TensorDict or sub.is_locked:
         return False
     bs, dev = sub.batch_size, sub.device
@@ -246,7 +247,7 @@ def _fill_false(sub: TensorDictBase, names: list[str], zero: torch.Tensor) -> bo
     entries = sub._tensordict
     for name in ("terminated", "done", "truncated"):
         if name in names:
-            entries[name] = zero.clone()
+            entries[name] = torch.zeros_like(zero)
     return True
 
 
