@@ -109,8 +109,9 @@ _GO, _OP, _BANK, _SENT, _ARMED_OP, _ARMED_CARRY = 0, 8, 9, 16, 24, 24 + BANKS
 _DONE = 24 + 2 * BANKS + (-2 * BANKS) % 8
 _ARMED = _DONE + 8 * BANKS
 _MASK = _ARMED + 8 * BANKS
-#: the page's done sequences, one per bank, read together
-_DONES = struct.Struct(f"<{BANKS}q")
+#: one ``<q`` per bank (the page's done and armed sequences, the pool page's rung ones), read
+#: together
+_PER_BANK = struct.Struct(f"<{BANKS}q")
 # the pool's page: workers, per bank the call armed after, the call armed and the call rung,
 # then per worker the call last answered whole in the rows
 _WORKERS, _AFTER = 0, 8
@@ -361,7 +362,7 @@ class Bell:
         byte per env; None when there is none."""
         page, seen = self.page, self._seen
         bank, seq = -1, 0
-        for b, done in enumerate(_DONES.unpack_from(page, _DONE)):
+        for b, done in enumerate(_PER_BANK.unpack_from(page, _DONE)):
             if done != seen[b] and (bank < 0 or done < seq):
                 bank, seq = b, done
         if bank < 0:
@@ -376,7 +377,7 @@ class Bell:
         """The sequence number of the latest call the worker answered (a look at the page:
         nothing is taken, the done counter is left as it is)."""
         page = self.page
-        return int(max(_DONES.unpack_from(page, _DONE)))
+        return int(max(_PER_BANK.unpack_from(page, _DONE)))
 
     # ------------------------------------------------------------------ worker side
     def link(self, wid: int, peers: list[int]) -> None:
@@ -405,14 +406,11 @@ class Bell:
         pool = self.pool
         if pool is None:
             return None
-        bank, seq = -1, 0
-        for b in range(BANKS):  # (the oldest call rung on its bank and not taken)
-            armed = _SEQ.unpack_from(page, _ARMED + 8 * b)[0]
-            if (
-                armed > self.taken
-                and (bank < 0 or armed < seq)
-                and _SEQ.unpack_from(pool, _RUNG + 8 * b)[0] == armed
-            ):
+        bank, seq, taken = -1, 0, self.taken
+        rung = _PER_BANK.unpack_from(pool, _RUNG)
+        # (the oldest call rung on its bank and not taken)
+        for b, armed in enumerate(_PER_BANK.unpack_from(page, _ARMED)):
+            if armed > taken and armed == rung[b] and (bank < 0 or armed < seq):
                 bank, seq = b, armed
         if bank < 0:
             return None
